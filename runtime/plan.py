@@ -1,0 +1,370 @@
+"""The plan file, `embark-plan/1`: models, deterministic writer and a validating loader.
+
+This module is the single reader and writer of plan files. The compiler builds `Plan`
+objects and writes them with `dumps_plan`; generated trainers, `embarkc diff` and outside
+tools read them with `load_plan`, which rejects a plan that breaks a rule of the contract
+(shared/contracts/plan-v1.md), naming the rule. It imports neither torch nor the compiler.
+
+Fields beyond the contract (all documented in docs/plan.md):
+  tables[].optimizer_params, tables[].init, tables[].bytes
+  features[].max_hotness, features[].fixed, features[].weighted
+  topology.arch, model, seed, estimate.{critical_rank, components, per_rank[].components,
+  per_rank[].memory, per_table}, planner.{objective, bound, greedy_step_time, baselines,
+  message}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FORMAT = "embark-plan"
+VERSION = 1
+
+STATE_ELEMENT_BYTES = 4
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+class PlanError(Exception):
+    """A plan file that cannot be used. `rule` names the broken contract rule."""
+
+    def __init__(self, path: str, rule: str, message: str):
+        self.path = path
+        self.rule = rule
+        self.message = message
+        super().__init__(f"{path}: error: invalid plan ({rule}): {message}")
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class PlanTopology(_M):
+    nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    hbm_bytes: int = Field(gt=0)
+    hbm_bandwidth: float = Field(gt=0)
+    intra_node_bandwidth: float = Field(gt=0)
+    inter_node_bandwidth: float = Field(gt=0)
+    arch: str = "sm_90"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class OptimizerParams(_M):
+    lr: float = 0.01
+    eps: float = 1e-8
+    initial_accumulator: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+
+
+class InitParams(_M):
+    kind: Literal["uniform", "normal", "constant"] = "uniform"
+    low: float = -0.05
+    high: float = 0.05
+    mean: float = 0.0
+    std: float = 0.01
+    value: float = 0.0
+
+
+class PlanTable(_M):
+    name: str
+    rows: int = Field(gt=0)
+    dim: int = Field(gt=0)
+    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    optimizer: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "sgd"
+    optimizer_params: OptimizerParams = OptimizerParams()
+    init: InitParams = InitParams()
+
+    def state_elements_per_row(self) -> int:
+        return {"sgd": 0, "adagrad": self.dim, "rowwise_adagrad": 1, "adam": 2 * self.dim + 1}[
+            self.optimizer
+        ]
+
+    def bytes_for(self, rows: int, columns: int) -> int:
+        """Weights plus optimizer state of `rows` x `columns` of this table.
+
+        Row-wise state (rowwise_adagrad's accumulator, adam's step count) is replicated
+        on every column cell of a row, so it is counted per cell.
+        """
+        per_elem = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2}[self.optimizer]
+        per_row = {"sgd": 0, "adagrad": 0, "rowwise_adagrad": 1, "adam": 1}[self.optimizer]
+        weight = rows * columns * DTYPE_BYTES[self.dtype]
+        state = rows * (columns * per_elem + per_row) * STATE_ELEMENT_BYTES
+        return weight + state
+
+
+class Access(_M):
+    kind: Literal["uniform", "zipf", "histogram"]
+    alpha: float | None = None
+    permuted: bool | None = None
+    keys: list[int] | None = None
+    counts: list[int] | None = None
+
+
+class PlanFeature(_M):
+    name: str
+    table: str
+    hotness: float = Field(gt=0)
+    pooling: Literal["sum", "mean", "concat"] = "sum"
+    access: Access
+    max_hotness: int | None = None
+    fixed: bool = True
+    weighted: bool = False
+
+    @property
+    def bag_max(self) -> int:
+        return self.max_hotness if self.max_hotness is not None else int(math.ceil(self.hotness))
+
+
+class Cluster(_M):
+    name: str
+    kind: Literal["dp", "rb", "ub"]
+    tables: list[str]
+    communication: Literal["flat", "hierarchical"] | None = None
+    gradient_exchange: Literal["dense", "sparse"] | None = None
+    """dp only (our field): all-reduce of the dense gradient or all-gather of touched rows."""
+
+
+class Shard(_M):
+    table: str
+    row_shard: int = Field(ge=0)
+    row_shards: int = Field(gt=0)
+    columns: tuple[int, int]
+    rank: int
+
+    @property
+    def width(self) -> int:
+        return self.columns[1] - self.columns[0]
+
+
+class RankEstimate(_M):
+    rank: int
+    memory_bytes: int
+    time: float
+
+
+class Estimate(_M):
+    step_time: float
+    per_rank: list[RankEstimate]
+
+
+class PlannerInfo(_M):
+    strategy: str
+    solver: str
+    status: str
+    seed: int = 0
+    wall_time: float = 0.0
+
+
+class Source(_M):
+    spec: str
+    sha256: str
+
+
+class Plan(_M):
+    format: Literal["embark-plan"] = FORMAT
+    version: Literal[1] = VERSION
+    source: Source
+    topology: PlanTopology
+    batch_size: int = Field(gt=0)
+    tables: list[PlanTable]
+    features: list[PlanFeature]
+    row_partition: Literal["mod", "range"] = "mod"
+    clusters: list[Cluster]
+    shards: list[Shard]
+    estimate: Estimate
+    planner: PlannerInfo
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    def table(self, name: str) -> PlanTable:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def cluster_of(self, table: str) -> Cluster:
+        for c in self.clusters:
+            if table in c.tables:
+                return c
+        raise KeyError(table)
+
+    def shards_of(self, table: str) -> list[Shard]:
+        return [s for s in self.shards if s.table == table]
+
+    def row_count(self, table: str, row_shard: int, row_shards: int) -> int:
+        """Rows of `table` held by row shard `row_shard` of `row_shards`."""
+        rows = self.table(table).rows
+        if self.row_partition == "mod":
+            return len(range(row_shard, rows, row_shards))
+        block = -(-rows // row_shards)
+        return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
+
+    def memory_by_rank(self) -> list[int]:
+        """Weights plus optimizer state placed on every rank (dp tables replicated)."""
+        mem = [0] * self.world_size
+        by_name = {t.name: t for t in self.tables}
+        for c in self.clusters:
+            if c.kind == "dp":
+                for name in c.tables:
+                    t = by_name[name]
+                    b = t.bytes_for(t.rows, t.dim)
+                    mem = [m + b for m in mem]
+        for s in self.shards:
+            t = by_name[s.table]
+            mem[s.rank] += t.bytes_for(self.row_count(s.table, s.row_shard, s.row_shards), s.width)
+        return mem
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return plan.model_dump(mode="json", exclude_none=True)
+
+
+def dumps_plan(plan: Plan | dict[str, Any]) -> str:
+    """Deterministic text of a plan: sorted keys, 2-space indent, newline at the end."""
+    data = plan_to_dict(plan) if isinstance(plan, Plan) else plan
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def validate_rules(plan: Plan, path: str = "<plan>") -> None:
+    """Check rules 1-4 of plan-v1; raise PlanError naming the first broken rule."""
+    names = [t.name for t in plan.tables]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})[0]
+        raise PlanError(path, "rule 1", f"table `{dup}` is declared twice")
+    known = set(names)
+    seen: dict[str, str] = {}
+    for c in plan.clusters:
+        for name in c.tables:
+            if name not in known:
+                raise PlanError(path, "rule 1", f"cluster `{c.name}` names unknown table `{name}`")
+            if name in seen:
+                raise PlanError(
+                    path, "rule 1", f"table `{name}` is in clusters `{seen[name]}` and `{c.name}`"
+                )
+            seen[name] = c.name
+        if c.kind == "rb" and c.communication is None:
+            raise PlanError(path, "rule 1", f"rb cluster `{c.name}` has no `communication`")
+    missing = [n for n in names if n not in seen]
+    if missing:
+        raise PlanError(path, "rule 1", f"table `{missing[0]}` is in no cluster")
+    for f in plan.features:
+        if f.table not in known:
+            raise PlanError(path, "rule 1", f"feature `{f.name}` reads unknown table `{f.table}`")
+
+    world = plan.world_size
+    by_table: dict[str, list[Shard]] = {}
+    for s in plan.shards:
+        if s.table not in known:
+            raise PlanError(path, "rule 2", f"a shard names unknown table `{s.table}`")
+        by_table.setdefault(s.table, []).append(s)
+        if not 0 <= s.rank < world:
+            raise PlanError(
+                path, "rule 3", f"shard of `{s.table}` is on rank {s.rank}, outside [0, {world})"
+            )
+    for c in plan.clusters:
+        for name in c.tables:
+            cells = by_table.get(name, [])
+            if c.kind == "dp":
+                if cells:
+                    raise PlanError(path, "rule 2", f"dp table `{name}` must have no shards")
+                continue
+            if not cells:
+                raise PlanError(path, "rule 2", f"{c.kind} table `{name}` has no shards")
+            dim = plan.table(name).dim
+            rs = {s.row_shards for s in cells}
+            if len(rs) != 1:
+                raise PlanError(
+                    path, "rule 2", f"shards of `{name}` disagree on row_shards: {sorted(rs)}"
+                )
+            r = rs.pop()
+            for j in range(r):
+                cols = sorted(s.columns for s in cells if s.row_shard == j)
+                pos = 0
+                for lo, hi in cols:
+                    if lo != pos or hi <= lo:
+                        raise PlanError(
+                            path,
+                            "rule 2",
+                            f"columns of `{name}` row shard {j} do not tile [0, {dim}) "
+                            f"exactly once (at column {pos}: got [{lo}, {hi}))",
+                        )
+                    pos = hi
+                if pos != dim:
+                    raise PlanError(
+                        path,
+                        "rule 2",
+                        f"columns of `{name}` row shard {j} cover [0, {pos}), not [0, {dim})",
+                    )
+            if any(s.row_shard >= r for s in cells):
+                raise PlanError(path, "rule 2", f"`{name}` has a row_shard outside [0, {r})")
+    if not plan.model_extra or not plan.model_extra.get("offload"):
+        for rank, used in enumerate(plan.memory_by_rank()):
+            if used > plan.topology.hbm_bytes:
+                raise PlanError(
+                    path,
+                    "rule 4",
+                    f"rank {rank} holds {used} bytes of weights and optimizer state, more than "
+                    f"hbm_bytes {plan.topology.hbm_bytes}",
+                )
+
+
+def parse_plan(text: str, path: str = "<plan>") -> Plan:
+    """Parse and validate plan text; raise PlanError with the broken rule."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise PlanError(path, "json", f"not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise PlanError(path, "format", "a plan is a JSON object")
+    if data.get("format") != FORMAT:
+        raise PlanError(
+            path, "format", f"`format` is {data.get('format')!r}, expected {FORMAT!r}"
+        )
+    if data.get("version") != VERSION:
+        raise PlanError(
+            path,
+            "version",
+            f"plan version {data.get('version')!r} is not supported (this embarkc reads "
+            f"version {VERSION}); re-plan the spec with this embarkc",
+        )
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise PlanError(path, "schema", f"field `{where}`: {err['msg']}") from None
+    validate_rules(plan, path)
+    return plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise PlanError(str(path), "file", "no such file") from None
+    except OSError as e:
+        raise PlanError(str(path), "file", f"cannot read ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlanError(str(path), "json", "not a UTF-8 text file") from None
+    return parse_plan(text, str(path))
