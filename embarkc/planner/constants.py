@@ -1,0 +1,42 @@
+"""Every constant of the cost model, with its unit and where it comes from.
+
+Hardware numbers (HBM size and bandwidth, NVLink and network bandwidth) come from the
+spec's topology; these constants say how much of a peak a real kernel or collective
+reaches, and fixed latencies. The simulator (`embarkc simulate`) uses the same values.
+"""
+
+HBM_EFFICIENCY = 0.80
+"""Fraction of peak HBM bandwidth that a gather/scatter embedding kernel sustains.
+Source: HugeCTR and FBGEMM TBE forward kernels reach 75-85 % of peak on A100/H100 at
+dim >= 64 (EMBark paper, section 5; FBGEMM TBE benchmarks)."""
+
+SMALL_VECTOR_BYTES = 64
+"""Below this many bytes per row access (16 fp32), a row read still costs one 64-byte
+sector pair of DRAM traffic: gathers are served in 32-byte sectors, two per access."""
+
+NVLINK_EFFICIENCY = 0.75
+"""Fraction of per-direction NVLink bandwidth that NCCL all-to-all reaches inside a
+DGX node at message sizes of 1 MiB and up (nccl-tests alltoall_perf on DGX H100)."""
+
+NETWORK_EFFICIENCY = 0.80
+"""Fraction of per-GPU NIC bandwidth (InfiniBand NDR 400 Gb/s per GPU on DGX H100) that
+NCCL all-to-all reaches across nodes for large messages (nccl-tests, 2-16 nodes)."""
+
+KERNEL_LAUNCH_SECONDS = 5e-6
+"""Fixed cost of one kernel launch on the GPU (CUDA launch latency, a few microseconds)."""
+
+COLLECTIVE_LATENCY_SECONDS = 20e-6
+"""Fixed cost of one NCCL collective call (ring/all-to-all setup), intra node."""
+
+INTER_NODE_LATENCY_SECONDS = 10e-6
+"""Extra fixed cost per collective step that crosses the network (IB hop latency)."""
+
+OPTIMIZER_PASSES = {"sgd": 1, "adagrad": 2, "rowwise_adagrad": 1, "adam": 3}
+"""Tensors of a row's width read and written by the update: weights plus full-width
+state (adagrad's accumulator, adam's two moments)."""
+
+KEY_BYTES = 8
+LENGTH_BYTES = 4
+WEIGHT_BYTES = 4
+WIRE_ELEMENT_BYTES = 4
+"""Wire sizes, as in docs/communication.md."""
