@@ -57,7 +57,11 @@ class SpanModel(BaseModel):
     @staticmethod
     def of(span: Span) -> SpanModel:
         return SpanModel(
-            file=span.file, line=span.line, col=span.col, end_line=span.end_line, end_col=span.end_col
+            file=span.file,
+            line=span.line,
+            col=span.col,
+            end_line=span.end_line,
+            end_col=span.end_col,
         )
 
     def to_span(self) -> Span:
@@ -264,7 +268,13 @@ class Colocate(Node):
 class PlanOptions(Node):
     objective: Literal["step_time", "memory"] = "step_time"
     strategy: Literal[
-        "embark", "greedy", "table-wise", "row-wise", "column-wise", "table-row-wise", "data-parallel"
+        "embark",
+        "greedy",
+        "table-wise",
+        "row-wise",
+        "column-wise",
+        "table-row-wise",
+        "data-parallel",
     ] = "embark"
     solver: Literal["greedy", "cp-sat"] = "cp-sat"
     time_limit: float = Field(default=30.0, gt=0)

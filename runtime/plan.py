@@ -335,9 +335,7 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
     if not isinstance(data, dict):
         raise PlanError(path, "format", "a plan is a JSON object")
     if data.get("format") != FORMAT:
-        raise PlanError(
-            path, "format", f"`format` is {data.get('format')!r}, expected {FORMAT!r}"
-        )
+        raise PlanError(path, "format", f"`format` is {data.get('format')!r}, expected {FORMAT!r}")
     if data.get("version") != VERSION:
         raise PlanError(
             path,
