@@ -1,0 +1,149 @@
+"""The plan-v1 loader: valid plans round-trip byte for byte, broken ones name the rule."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from embark_runtime import keys
+from embark_runtime.plan import PlanError, dumps_plan, load_plan, parse_plan
+
+
+def _plan() -> dict:
+    return {
+        "format": "embark-plan",
+        "version": 1,
+        "source": {"spec": "x.embark", "sha256": "0" * 64},
+        "topology": {
+            "nodes": 2,
+            "gpus_per_node": 2,
+            "hbm_bytes": 1 << 20,
+            "hbm_bandwidth": 1e12,
+            "intra_node_bandwidth": 1e11,
+            "inter_node_bandwidth": 1e10,
+        },
+        "batch_size": 16,
+        "tables": [
+            {"name": "a", "rows": 100, "dim": 8, "dtype": "fp32", "optimizer": "adagrad"},
+            {"name": "b", "rows": 10, "dim": 4, "dtype": "fp32", "optimizer": "sgd"},
+        ],
+        "features": [
+            {
+                "name": "fa",
+                "table": "a",
+                "hotness": 2,
+                "pooling": "sum",
+                "access": {"kind": "uniform"},
+            },
+            {
+                "name": "fb",
+                "table": "b",
+                "hotness": 1,
+                "pooling": "sum",
+                "access": {"kind": "uniform"},
+            },
+        ],
+        "row_partition": "mod",
+        "clusters": [
+            {"name": "rb0", "kind": "rb", "communication": "flat", "tables": ["a"]},
+            {"name": "dp0", "kind": "dp", "tables": ["b"]},
+        ],
+        "shards": [
+            {"table": "a", "row_shard": 0, "row_shards": 2, "columns": [0, 4], "rank": 0},
+            {"table": "a", "row_shard": 0, "row_shards": 2, "columns": [4, 8], "rank": 1},
+            {"table": "a", "row_shard": 1, "row_shards": 2, "columns": [0, 8], "rank": 3},
+        ],
+        "estimate": {"step_time": 0.001, "per_rank": [{"rank": 0, "memory_bytes": 0, "time": 0.0}]},
+        "planner": {
+            "strategy": "embark",
+            "solver": "greedy",
+            "status": "greedy",
+            "seed": 0,
+            "wall_time": 0.0,
+        },
+    }
+
+
+def test_valid_plan_round_trips_byte_identical(tmp_path):
+    text = dumps_plan(_plan())
+    p = tmp_path / "plan.json"
+    p.write_text(text)
+    plan = load_plan(p)
+    assert dumps_plan(plan) == dumps_plan(parse_plan(dumps_plan(plan)))
+    assert plan.world_size == 4
+    assert [s.width for s in plan.shards_of("a")] == [4, 4, 8]
+
+
+def test_memory_by_rank_counts_state_and_replicas():
+    plan = parse_plan(json.dumps(_plan()))
+    mem = plan.memory_by_rank()
+    # dp table b (10 x 4 fp32, sgd) on every rank: 160 bytes
+    # a: 50 rows per row shard (mod), adagrad doubles the bytes
+    assert mem == [160 + 50 * 4 * 8, 160 + 50 * 4 * 8, 160, 160 + 50 * 8 * 8]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "rule", "needle"),
+    [
+        (lambda d: d["clusters"][1]["tables"].append("a"), "rule 1", "is in clusters"),
+        (lambda d: d["clusters"][1]["tables"].remove("b"), "rule 1", "in no cluster"),
+        (lambda d: d["features"][0].update(table="zz"), "rule 1", "unknown table `zz`"),
+        (lambda d: d["shards"][2].update(row_shards=3), "rule 2", "disagree on row_shards"),
+        (lambda d: d["shards"][1].update(columns=[5, 8]), "rule 2", "do not tile"),
+        (lambda d: d["shards"][1].update(columns=[4, 6]), "rule 2", "cover [0, 6)"),
+        (lambda d: d["shards"][2].update(rank=4), "rule 3", "outside [0, 4)"),
+        (lambda d: d["topology"].update(hbm_bytes=1000), "rule 4", "more than hbm_bytes"),
+        (lambda d: d.update(version=2), "version", "not supported"),
+        (lambda d: d.update(format="torchrec"), "format", "expected 'embark-plan'"),
+        (lambda d: d["tables"][0].update(rows=-1), "schema", "tables.0.rows"),
+        (lambda d: d["clusters"][0].pop("communication"), "rule 1", "no `communication`"),
+    ],
+)
+def test_broken_plan_names_the_rule(mutate, rule, needle):
+    data = copy.deepcopy(_plan())
+    mutate(data)
+    with pytest.raises(PlanError) as e:
+        parse_plan(json.dumps(data), "p.json")
+    assert e.value.rule == rule
+    assert needle in str(e.value)
+    assert str(e.value).startswith("p.json: error: invalid plan")
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"\xff\xfe\x00garbage", b"[1, 2]", b"null"])
+def test_corrupt_file_is_a_clear_error(tmp_path, raw):
+    p = tmp_path / "bad.json"
+    p.write_bytes(raw)
+    with pytest.raises(PlanError) as e:
+        load_plan(p)
+    assert str(p) in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(PlanError, match="no such file"):
+        load_plan(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 1000, 40_000_000, 3_000_000_017])
+def test_permutation_is_a_bijection_on_samples(rows):
+    n = min(rows, 5000)
+    ranks = np.arange(n, dtype=np.int64)
+    out = keys.permute(ranks, rows, table_index=3)
+    assert out.min() >= 0 and out.max() < rows
+    assert len(np.unique(out)) == n
+    if rows <= 5000:
+        assert sorted(out.tolist()) == list(range(rows))
+
+
+@pytest.mark.parametrize("partition", ["mod", "range"])
+def test_row_shard_and_local_row_invert(partition):
+    rows, r = 103, 4
+    k = np.arange(rows)
+    shard = keys.row_shard_of(k, rows, r, partition)
+    local = keys.local_row(k, rows, r, partition)
+    pairs = set(zip(shard.tolist(), local.tolist(), strict=True))
+    assert len(pairs) == rows
+    for j in range(r):
+        assert sorted(local[shard == j].tolist()) == list(range(int((shard == j).sum())))
