@@ -1,0 +1,215 @@
+"""The DLRM dense model and its data-parallel training.
+
+Model (Naumov et al. 2019, DLRM; Wang et al. 2021, DCN-V2):
+
+    bottom MLP:   x = relu(... relu(W1 dense + b1) ...)          width d (or no bottom)
+    interaction:  dot    z = [x, pairwise dots <v_i, v_j> (i > j) of (x, e_1..e_F)]
+                  dcnv2  x0 = [x, e_1..e_F];  x_{l+1} = x0 * (U_l (V_l x_l) + c_l) + x_l
+    top MLP:      logit = W_L relu(... relu(W1 z + b1) ...)      one output, no activation
+
+`e_f` is the pooled (or concatenated) embedding output of feature f. The dot interaction
+needs every vector at width d; a feature of another width is first mapped to d by a
+bias-free linear projection (part of the model, trained like the MLPs).
+
+Data parallelism: every rank holds the same replica (built from the same seed) and runs
+its slice of the global batch. `local_loss` is the sum of the per-sample losses of the
+slice divided by the GLOBAL batch size, so that `allreduce_gradients` (a SUM over ranks)
+leaves on every rank exactly the gradient of the mean loss over the whole global batch:
+training matches the unsharded reference run on one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """Architecture of the dense part; `feature_widths` in the order features are fed."""
+
+    dense_features: int
+    bottom_mlp: tuple[int, ...]
+    interaction: str
+    top_mlp: tuple[int, ...]
+    feature_widths: tuple[int, ...]
+    cross_layers: int = 3
+    low_rank: int = 512
+
+    def __post_init__(self) -> None:
+        if self.interaction not in ("dot", "dcnv2"):
+            raise ValueError(f"unknown interaction {self.interaction!r} (dot or dcnv2)")
+        if self.dense_features < 0 or any(w <= 0 for w in self.feature_widths):
+            raise ValueError("widths must be positive")
+        if self.bottom_mlp and self.dense_features == 0:
+            raise ValueError("a bottom MLP needs dense features")
+        if not self.feature_widths and self.dense_features == 0:
+            raise ValueError("the model has no input: no dense features and no embeddings")
+
+
+@dataclass(frozen=True)
+class DenseOptimizerConfig:
+    kind: str = "sgd"
+    lr: float = 0.01
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+
+def _mlp(width_in: int, widths: Sequence[int], last_activation: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, w in enumerate(widths):
+        layers.append(nn.Linear(width_in, w))
+        if last_activation or i < len(widths) - 1:
+            layers.append(nn.ReLU())
+        width_in = w
+    return nn.Sequential(*layers)
+
+
+class CrossNetV2(nn.Module):
+    """DCN-V2 cross layers with low-rank weights: x_{l+1} = x0 * (U (V x_l) + c) + x_l."""
+
+    def __init__(self, width: int, layers: int, low_rank: int):
+        super().__init__()
+        self.down = nn.ModuleList(nn.Linear(width, low_rank, bias=False) for _ in range(layers))
+        self.up = nn.ModuleList(nn.Linear(low_rank, width) for _ in range(layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        x = x0
+        for down, up in zip(self.down, self.up, strict=True):
+            x = x0 * up(down(x)) + x
+        return x
+
+
+class DLRMDense(nn.Module):
+    """Bottom MLP, dot or DCN-V2 interaction, top MLP; `forward` returns one logit per sample.
+
+    Parameters are initialised by torch's default initialisers under `torch.manual_seed(seed)`
+    (the global RNG state is restored afterwards), so every rank and the reference build
+    identical replicas.
+    """
+
+    def __init__(self, config: DenseConfig, seed: int = 0):
+        super().__init__()
+        self.config = config
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self._build(config)
+
+    def _build(self, c: DenseConfig) -> None:
+        self.bottom = _mlp(c.dense_features, c.bottom_mlp, last_activation=True)
+        d = c.bottom_mlp[-1] if c.bottom_mlp else c.dense_features
+        has_x = c.dense_features > 0
+        if c.interaction == "dot":
+            if not has_x:
+                d = c.feature_widths[0]
+            self.project = nn.ModuleList(
+                nn.Identity() if w == d else nn.Linear(w, d, bias=False) for w in c.feature_widths
+            )
+            n = len(c.feature_widths) + int(has_x)
+            top_in = (d if has_x else 0) + n * (n - 1) // 2
+            self.cross = None
+        else:
+            self.project = nn.ModuleList()
+            top_in = (d if has_x else 0) + sum(c.feature_widths)
+            self.cross = CrossNetV2(top_in, c.cross_layers, c.low_rank)
+        top = tuple(c.top_mlp) if c.top_mlp and c.top_mlp[-1] == 1 else (*c.top_mlp, 1)
+        self.top = _mlp(top_in, top, last_activation=False)
+        self.has_x = has_x
+
+    def forward(self, dense: torch.Tensor, embedded: Sequence[torch.Tensor]) -> torch.Tensor:
+        if len(embedded) != len(self.config.feature_widths):
+            raise ValueError(
+                f"expected {len(self.config.feature_widths)} embedding outputs, got {len(embedded)}"
+            )
+        x = self.bottom(dense) if self.has_x else None
+        if self.cross is None:
+            vectors = [p(e) for p, e in zip(self.project, embedded, strict=True)]
+            if x is not None:
+                vectors.insert(0, x)
+            t = torch.stack(vectors, dim=1)  # [b, n, d]
+            z = torch.bmm(t, t.transpose(1, 2))
+            i, j = torch.tril_indices(t.shape[1], t.shape[1], offset=-1, device=t.device)
+            pairs = z[:, i, j]
+            top_in = torch.cat([x, pairs], dim=1) if x is not None else pairs
+        else:
+            parts = ([x] if x is not None else []) + list(embedded)
+            top_in = self.cross(torch.cat(parts, dim=1))
+        return self.top(top_in).squeeze(1)
+
+
+def local_loss(logits: torch.Tensor, labels: torch.Tensor, global_batch: int) -> torch.Tensor:
+    """Sum of this slice's binary cross-entropies divided by the global batch size."""
+    return nn.functional.binary_cross_entropy_with_logits(
+        logits, labels.to(logits.dtype), reduction="sum"
+    ) / float(global_batch)
+
+
+def allreduce_gradients(params: Iterable[nn.Parameter], group: object | None = None) -> int:
+    """SUM-all-reduce the gradients of `params` in one flat buffer; returns its bytes.
+
+    A parameter without a gradient contributes zeros (so every rank reduces the same
+    buffer layout). Does nothing when torch.distributed is not initialised.
+    """
+    import torch.distributed as dist
+
+    plist = [p for p in params if p.requires_grad]
+    if not plist:
+        return 0
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in plist]
+    )
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # type: ignore[arg-type]
+    offset = 0
+    for p in plist:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+    return flat.numel() * flat.element_size()
+
+
+def ring_allreduce_bytes(size_bytes: int, world: int) -> int:
+    """Bytes one rank sends in a ring all-reduce of `size_bytes` (docs/communication.md)."""
+    if world <= 1:
+        return 0
+    return 2 * (world - 1) * size_bytes // world
+
+
+def make_optimizer(
+    params: Iterable[nn.Parameter], cfg: DenseOptimizerConfig
+) -> torch.optim.Optimizer:
+    """The spec's dense optimizer over `params`."""
+    plist = list(params)
+    if cfg.kind == "sgd":
+        return torch.optim.SGD(plist, lr=cfg.lr)
+    if cfg.kind == "adagrad":
+        return torch.optim.Adagrad(plist, lr=cfg.lr, eps=cfg.eps)
+    if cfg.kind == "adam":
+        return torch.optim.Adam(plist, lr=cfg.lr, eps=cfg.eps, betas=(cfg.beta1, cfg.beta2))
+    raise ValueError(f"unknown dense optimizer {cfg.kind!r} (sgd, adagrad or adam)")
+
+
+def optimizer_state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """The optimizer's per-parameter state as flat named tensors (for checkpoints)."""
+    out: dict[str, torch.Tensor] = {}
+    for index, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            out[f"{index}.{key}"] = t.detach().cpu().clone()
+    return out
+
+
+def load_optimizer_state_tensors(
+    opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]
+) -> None:
+    """Inverse of `optimizer_state_tensors` (param groups come from `opt` itself)."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        index, _, key = name.partition(".")
+        state.setdefault(int(index), {})[key] = value
+    sd = opt.state_dict()
+    opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})

@@ -1,0 +1,162 @@
+"""The DLRM dense model, its data-parallel loss split, the dense optimizer's checkpoint
+round-trip, and AUC."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from embark_runtime.dense import (
+    DenseConfig,
+    DenseOptimizerConfig,
+    DLRMDense,
+    allreduce_gradients,
+    load_optimizer_state_tensors,
+    local_loss,
+    make_optimizer,
+    optimizer_state_tensors,
+    ring_allreduce_bytes,
+)
+from embark_runtime.metrics import log_loss, roc_auc
+
+DOT = DenseConfig(
+    dense_features=5, bottom_mlp=(8, 4), interaction="dot", top_mlp=(6, 1), feature_widths=(4, 4, 8)
+)
+DCN = DenseConfig(
+    dense_features=5,
+    bottom_mlp=(4,),
+    interaction="dcnv2",
+    top_mlp=(6,),
+    feature_widths=(4, 12),
+    cross_layers=2,
+    low_rank=3,
+)
+
+
+def _inputs(cfg: DenseConfig, b: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(b, cfg.dense_features, generator=g)
+    emb = [torch.randn(b, w, generator=g) for w in cfg.feature_widths]
+    labels = (torch.rand(b, generator=g) > 0.5).float()
+    return dense, emb, labels
+
+
+@pytest.mark.parametrize("cfg", [DOT, DCN], ids=["dot", "dcnv2"])
+def test_model_gives_one_logit_per_sample_and_same_seed_same_replica(cfg):
+    a, b = DLRMDense(cfg, seed=3), DLRMDense(cfg, seed=3)
+    dense, emb, _ = _inputs(cfg, 7)
+    out = a(dense, emb)
+    assert out.shape == (7,)
+    assert torch.equal(out, b(dense, emb))
+    assert not torch.equal(out, DLRMDense(cfg, seed=4)(dense, emb))
+
+
+def test_seeded_construction_leaves_global_rng_alone():
+    torch.manual_seed(11)
+    expected = torch.rand(3)
+    torch.manual_seed(11)
+    DLRMDense(DOT, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_dot_interaction_without_dense_features_uses_embeddings_only():
+    cfg = DenseConfig(0, (), "dot", (1,), (4, 4, 4))
+    model = DLRMDense(cfg)
+    emb = [torch.randn(2, 4) for _ in range(3)]
+    assert model(torch.zeros(2, 0), emb).shape == (2,)
+    assert model.top[0].in_features == 3  # three pairwise dots, no bottom output
+
+
+def test_dcnv2_cross_layers_follow_the_recurrence():
+    """With U = 0 and bias c every layer adds c * x0: x_L = x0 * (1 + L * c)."""
+    model = DLRMDense(DCN)
+    for up in model.cross.up:
+        torch.nn.init.zeros_(up.weight)
+        torch.nn.init.constant_(up.bias, 0.25)
+    x0 = torch.randn(3, model.cross.up[0].out_features)
+    assert torch.allclose(model.cross(x0), x0 * (1 + DCN.cross_layers * 0.25))
+
+
+@pytest.mark.parametrize("cfg", [DOT, DCN], ids=["dot", "dcnv2"])
+def test_slices_summed_equal_the_global_batch_gradient(cfg):
+    """SUM over ranks of per-slice gradients of local_loss == gradient of the global mean."""
+    dense, emb, labels = _inputs(cfg, 8, seed=1)
+    ref = DLRMDense(cfg, seed=0)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(ref(dense, emb), labels)
+    loss.backward()
+    summed = [torch.zeros_like(p) for p in ref.parameters()]
+    for lo in range(0, 8, 2):
+        rep = DLRMDense(cfg, seed=0)
+        local_loss(
+            rep(dense[lo : lo + 2], [e[lo : lo + 2] for e in emb]), labels[lo : lo + 2], 8
+        ).backward()
+        for acc, p in zip(summed, rep.parameters(), strict=True):
+            acc += p.grad
+    for acc, p in zip(summed, ref.parameters(), strict=True):
+        assert torch.allclose(acc, p.grad, atol=1e-6)
+
+
+def test_allreduce_without_process_group_keeps_gradients_and_counts_bytes():
+    model = DLRMDense(DOT)
+    dense, emb, labels = _inputs(DOT, 4)
+    local_loss(model(dense, emb), labels, 4).backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    nbytes = allreduce_gradients(model.parameters())
+    assert nbytes == 4 * sum(p.numel() for p in model.parameters())
+    assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters(), strict=True))
+    assert ring_allreduce_bytes(1000, 4) == 1500
+    assert ring_allreduce_bytes(1000, 1) == 0
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_optimizer_state_round_trips_through_flat_tensors(kind):
+    cfg = DenseOptimizerConfig(kind=kind, lr=0.1)
+    dense, emb, labels = _inputs(DOT, 4)
+
+    def step(model, opt):
+        opt.zero_grad()
+        local_loss(model(dense, emb), labels, 4).backward()
+        opt.step()
+
+    a = DLRMDense(DOT)
+    opt_a = make_optimizer(a.parameters(), cfg)
+    step(a, opt_a)
+    b = DLRMDense(DOT)
+    b.load_state_dict(a.state_dict())
+    opt_b = make_optimizer(b.parameters(), cfg)
+    load_optimizer_state_tensors(opt_b, optimizer_state_tensors(opt_a))
+    step(a, opt_a)
+    step(b, opt_b)
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_bad_configs_are_refused_with_a_message():
+    with pytest.raises(ValueError, match="interaction"):
+        DenseConfig(1, (), "cross", (1,), (4,))
+    with pytest.raises(ValueError, match="no input"):
+        DenseConfig(0, (), "dot", (1,), ())
+    with pytest.raises(ValueError, match="dense optimizer"):
+        make_optimizer(DLRMDense(DOT).parameters(), DenseOptimizerConfig(kind="lamb"))
+
+
+def test_auc_counts_ties_as_half_and_matches_pairwise_definition():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200)
+    s = rng.integers(0, 5, 200).astype(float)  # many ties
+    pos, neg = s[y == 1], s[y == 0]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert roc_auc(y, s) == pytest.approx(pairs / (pos.size * neg.size))
+    assert roc_auc([0, 0, 1, 1], [0.1, 0.2, 0.3, 0.4]) == 1.0
+    assert roc_auc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4]) == 0.0
+    assert math.isnan(roc_auc([1, 1], [0.2, 0.3]))
+    with pytest.raises(ValueError, match="0 or 1"):
+        roc_auc([2, 0], [0.1, 0.2])
+
+
+def test_log_loss_of_perfect_and_uninformed_predictions():
+    assert log_loss([1, 0], [1.0, 0.0]) < 1e-6
+    assert log_loss([1, 0], [0.5, 0.5]) == pytest.approx(math.log(2))
