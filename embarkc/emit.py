@@ -216,7 +216,7 @@ def emit(
     executable = {f.path for f in files if f.executable}
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise EmitError(f"{out} exists and is not a folder")
+        raise NotADirectoryError(20, "exists and is not a folder", str(out))
     out.mkdir(parents=True, exist_ok=True)
     result = EmitResult()
     stale = _previous_outputs(out) - set(contents)

@@ -1,0 +1,192 @@
+"""Plan -> render spec -> text of the generated training program (train.py, launch.sh, README).
+
+`program_render_spec(program, plan)` is the only place that spells Python and shell values
+for these templates: every value in the returned dict is already text in the target
+language (a Python literal, a quoted shell word) or a plain number/string for prose. The
+templates in templates/program/ only place them. `render_program` renders the templates
+with the one Jinja environment of `embarkc.codegen`.
+
+What is baked into train.py (so that two plans give two different programs, and a
+train.py cannot silently run with a plan.json it was not generated for): the topology's
+shape, the global batch, the row partition, every cluster and every cell of the 3D
+sharding, the features with the width each feeds to the dense model, the dense model and
+its optimizer. The trainer (embark_runtime.trainer) checks them against plan.json at start.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from embark_runtime.plan import Plan
+from embarkc.diagnostics import EmbarkError
+from embarkc.emit import GeneratedFile
+from embarkc.ir import Program
+
+TEMPLATES = ("train.py", "launch.sh", "README.md")
+"""Files rendered from templates/program/<name>.j2."""
+
+
+def py(value: Any) -> str:
+    """A Python literal for a str, int, float, bool, None or (nested) tuple/list of those.
+
+    Floats use repr (the shortest text that reads back to the same double), lowercase
+    exponents as ruff format writes them; tuples of one element keep their comma.
+    """
+    if value is None or isinstance(value, bool | int):
+        return repr(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"cannot spell {value!r} as a Python literal")
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple | list):
+        items = ", ".join(py(v) for v in value)
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    raise TypeError(f"cannot spell {type(value).__name__} as a Python literal")
+
+
+def sh(word: str) -> str:
+    """A single-quoted shell word."""
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def feature_width(pooling: str, hotness: float, dim: int) -> int:
+    """Width of a feature's embedding output: dim, or hotness * dim for concat."""
+    if pooling == "concat":
+        return int(round(hotness)) * dim
+    return dim
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[str, Any]:
+    """Everything the program templates need, spelled for their languages.
+
+    Raises EmbarkError when the plan and the program disagree on what the trainer must
+    bake in (a plan made for another spec).
+    """
+    tables = {t.name: t for t in plan.tables}
+    if set(tables) != {t.name for t in program.tables}:
+        raise EmbarkError.at(spec_path, "the plan's tables are not the spec's tables")
+    if plan.batch_size != program.model.batch_size:
+        raise EmbarkError.at(spec_path, "the plan's batch size is not the spec's")
+    topo = plan.topology
+    world = topo.world_size
+    if plan.batch_size % world:
+        raise EmbarkError.at(
+            spec_path,
+            f"the global batch {plan.batch_size} does not split evenly over {world} ranks",
+            hint="choose a batch size that is a multiple of nodes * gpus_per_node",
+        )
+
+    clusters = [
+        f"{py(c.name)}: ({py(c.kind)}, {py(c.communication)}, {py(tuple(c.tables))}),"
+        for c in plan.clusters
+    ]
+    shard_key = sorted(
+        plan.shards, key=lambda s: (plan.tables.index(tables[s.table]), s.row_shard, s.columns)
+    )
+    shards = [
+        f"({py(s.table)}, {s.row_shard}, {s.row_shards}, {s.columns[0]}, {s.columns[1]}, {s.rank}),"
+        for s in shard_key
+    ]
+    features = []
+    for f in plan.features:
+        t = tables[f.table]
+        w = feature_width(f.pooling, f.hotness, t.dim)
+        features.append(f"{py(f.name)}: ({py(f.table)}, {py(f.pooling)}, {w}),")
+    table_lines = [
+        f"{py(t.name)}: ({t.rows}, {t.dim}, {py(t.dtype)}, {py(t.optimizer)})," for t in plan.tables
+    ]
+
+    m = program.model
+    dense_kwargs = [
+        f"dense_features={m.dense_features},",
+        f"bottom_mlp={py(tuple(m.bottom_mlp))},",
+        f"interaction={py(m.interaction.kind)},",
+        f"cross_layers={m.interaction.layers},",
+        f"low_rank={m.interaction.low_rank},",
+        f"top_mlp={py(tuple(m.top_mlp))},",
+        "feature_widths=FEATURE_WIDTHS,",
+    ]
+    o = m.optimizer
+    optimizer_kwargs = [
+        f"kind={py(o.kind)},",
+        f"lr={py(float(o.lr))},",
+        f"eps={py(float(o.eps))},",
+        f"beta1={py(float(o.beta1))},",
+        f"beta2={py(float(o.beta2))},",
+    ]
+
+    memory = plan.memory_by_rank()
+    cluster_rows = []
+    for c in plan.clusters:
+        cells = [s for s in plan.shards if s.table in c.tables]
+        ranks = sorted({s.rank for s in cells}) if cells else list(range(world))
+        params = sum(tables[n].rows * tables[n].dim for n in c.tables)
+        cluster_rows.append(
+            {
+                "name": c.name,
+                "kind": c.kind + (f" ({c.communication})" if c.communication else ""),
+                "tables": len(c.tables),
+                "cells": len(cells),
+                "ranks": len(ranks),
+                "parameters": f"{params:,}",
+            }
+        )
+    return {
+        "name": program.name,
+        "spec": spec_path,
+        "world_size": world,
+        "nodes": topo.nodes,
+        "gpus_per_node": topo.gpus_per_node,
+        "arch": topo.arch,
+        "batch_size": plan.batch_size,
+        "local_batch": plan.batch_size // world,
+        "row_partition": py(plan.row_partition),
+        "strategy": plan.planner.strategy,
+        "solver": plan.planner.solver,
+        "status": plan.planner.status,
+        "step_time_ms": f"{plan.estimate.step_time * 1e3:.3f}",
+        "max_memory": _human_bytes(max(memory)) if memory else "0 B",
+        "hbm": _human_bytes(topo.hbm_bytes),
+        "parameters": f"{sum(t.rows * t.dim for t in plan.tables):,}",
+        "clusters": clusters,
+        "cluster_rows": cluster_rows,
+        "tables": table_lines,
+        "shards": shards,
+        "features": features,
+        "dense_kwargs": dense_kwargs,
+        "optimizer_kwargs": optimizer_kwargs,
+        "interaction": m.interaction.kind,
+        "dense_optimizer": o.kind,
+        "dense_features": m.dense_features,
+        "rdzv_id": sh(f"embark-{program.name}"),
+        "program_name_sh": sh(program.name),
+    }
+
+
+def render_program(program: Program, plan: Plan, spec_path: str) -> list[GeneratedFile]:
+    """train.py, launch.sh and README.md for `plan` (text without the generated header)."""
+    from embarkc.codegen import environment
+
+    spec = program_render_spec(program, plan, spec_path)
+    env = environment()
+    out = []
+    for name in TEMPLATES:
+        template = f"program/{name}.j2"
+        text = env.get_template(template).render(**spec)
+        out.append(
+            GeneratedFile(
+                name, text, f"templates/{template}", executable=name in ("train.py", "launch.sh")
+            )
+        )
+    return out

@@ -1,0 +1,110 @@
+"""`embarkc compile SPEC -o DIR`: spec -> IR -> plan -> generated trainer, kernels, launcher.
+
+Writes into DIR (through embarkc.emit, the only stage that touches disk): plan.json,
+kernels/*.cu, train.py, launch.sh, README.md and manifest.json. Files whose bytes did not
+change are left alone. `--dump ast|ir|plan` prints that stage's value on stdout and stops
+(no output folder needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from embarkc.diagnostics import EmbarkError
+
+HELP = "Plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder."
+
+STRATEGIES = (
+    "embark",
+    "greedy",
+    "table-wise",
+    "row-wise",
+    "column-wise",
+    "table-row-wise",
+    "data-parallel",
+)
+SOLVERS = ("greedy", "cp-sat")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="the .embark spec to compile")
+    p.add_argument("-o", "--output", metavar="DIR", help="output folder (created if missing)")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        help="planning strategy (default: the spec's, else embark)",
+    )
+    p.add_argument("--solver", choices=SOLVERS, help="solver (default: the spec's, else cp-sat)")
+    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds")
+    p.add_argument("--seed", type=int, help="planner seed (default: the spec's)")
+    p.add_argument(
+        "--dump", choices=("ast", "ir", "plan"), help="print this stage on stdout and stop"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+
+
+def run(args: argparse.Namespace) -> int:
+    from embarkc.frontend import load_program
+
+    spec = args.spec
+    if args.dump is None and not args.output:
+        raise EmbarkError.at(spec, "no output folder", hint="pass -o DIR (or --dump ast|ir|plan)")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise EmbarkError.at(spec, "--time-limit must be positive")
+    if args.seed is not None and args.seed < 0:
+        raise EmbarkError.at(spec, "--seed must not be negative")
+    if args.dump == "ast":
+        from embarkc.syntax import check_text, parse
+
+        try:
+            data = Path(spec).read_bytes()
+        except OSError as e:
+            raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
+        print(parse(check_text(data, spec), spec).pretty(), end="")
+        return 0
+
+    program = load_program(spec)
+    updates = {
+        key: value
+        for key, value in (
+            ("strategy", args.strategy),
+            ("solver", args.solver),
+            ("time_limit", args.time_limit),
+            ("seed", args.seed),
+        )
+        if value is not None
+    }
+    if updates:
+        program = program.model_copy(update={"options": program.options.model_copy(update=updates)})
+    if args.dump == "ir":
+        print(json.dumps(program.model_dump(mode="json", exclude_none=True), indent=2))
+        return 0
+
+    from embark_runtime.plan import dumps_plan
+    from embarkc.planner import plan_program
+
+    plan = plan_program(program, strategy=program.options.strategy)
+    if args.dump == "plan":
+        sys.stdout.write(dumps_plan(plan))
+        return 0
+
+    from embarkc.codegen import render
+    from embarkc.emit import emit
+
+    source = program.sources[0]
+    files = render(program, plan, source.path)
+    try:
+        result = emit(files, args.output, spec=source.path, spec_sha256=source.sha256)
+    except OSError as e:
+        raise EmbarkError.at(args.output, f"cannot write: {e.strerror or e}") from None
+    if not args.quiet:
+        print(
+            f"{args.output}: {len(result.written)} written, {len(result.unchanged)} unchanged"
+            + (f", {len(result.removed)} removed" if result.removed else "")
+            + f" (plan {plan.planner.strategy}, {plan.world_size} ranks, "
+            f"estimated step {plan.estimate.step_time * 1e3:.3f} ms)"
+        )
+    return 0

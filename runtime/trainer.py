@@ -1,0 +1,718 @@
+"""The training loop that every generated train.py drives.
+
+A generated train.py holds the plan-specific constants (a `TrainProgram`) and calls
+`main(program)`. `main` parses the command line, checks that plan.json still matches the
+constants, and runs one of:
+
+* the sharded trainer (under torchrun, one process per rank of the plan): the plan's
+  embedding clusters (embark_runtime.embedding.ShardedEmbeddings, whose backward performs
+  the communication and the fused sparse optimizer update), the DLRM dense model
+  replicated on every rank, NCCL and the generated CUDA kernels when CUDA is available,
+  gloo and the torch kernels otherwise;
+* the reference trainer (`--reference`, one process, no torch.distributed): the same
+  tables unsharded (ReferenceEmbeddings) and the same dense model on the whole global batch.
+
+Both compute the same thing: the loss of a step is the mean binary cross-entropy over the
+global batch; each rank's share is the sum over its samples divided by the global batch,
+and the dense gradients are SUM-all-reduced (embark_runtime.dense). Trained weights agree
+with the reference up to floating-point summation order.
+
+Fault tolerance: checkpoints are written atomically every `--checkpoint-every` steps
+(embark_runtime.checkpoint); `--resume` continues from the latest one, also after torchrun
+restarted the group, and from a checkpoint written under another plan (resharded on load).
+The data of step s is a pure function of (seed, s), so a resumed run sees exactly the
+batches the interrupted one would have.
+
+For tests, EMBARK_FAULT_AT_STEP=N makes rank EMBARK_FAULT_RANK (default 1) kill itself
+with SIGKILL at the start of step N, once: it first creates the marker file
+EMBARK_FAULT_MARKER (default `<checkpoint-dir>/.fault-injected`) and does nothing when
+the marker exists.
+
+User mistakes (wrong world size, a plan.json that does not match, a missing checkpoint)
+end with `train.py: error: ...` and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+
+from embark_runtime.dense import (
+    DenseConfig,
+    DenseOptimizerConfig,
+    DLRMDense,
+    allreduce_gradients,
+    load_optimizer_state_tensors,
+    local_loss,
+    make_optimizer,
+    optimizer_state_tensors,
+    ring_allreduce_bytes,
+)
+from embark_runtime.metrics import log_loss, roc_auc
+from embark_runtime.plan import Plan, PlanError, load_plan
+
+EXIT_USER_ERROR = 2
+
+EVAL_STEP_BASE = 1 << 30
+"""Synthetic held-out data: evaluation batch i is the batch of step EVAL_STEP_BASE + i,
+a step no training run reaches, so evaluation samples are never trained on."""
+
+DENSE_PREFIX = "dense."
+DENSE_OPT_PREFIX = "dense_opt."
+
+
+class TrainerError(Exception):
+    """A user-facing error of the generated trainer (printed without a traceback)."""
+
+
+@dataclass(frozen=True)
+class TrainProgram:
+    """What a generated train.py bakes in from its plan (see templates/program/train.py.j2).
+
+    tables: name -> (rows, dim, dtype, sparse optimizer); clusters: name -> (kind,
+    communication or None, tables); shards: (table, row_shard, row_shards, column lo,
+    column hi, rank) per cell; features: name -> (table, pooling, width fed to the model).
+    """
+
+    name: str
+    plan_path: Path
+    kernels_dir: Path
+    world_size: int
+    nodes: int
+    gpus_per_node: int
+    global_batch: int
+    row_partition: str
+    tables: Mapping[str, tuple[int, int, str, str]]
+    clusters: Mapping[str, tuple[str, str | None, tuple[str, ...]]]
+    shards: tuple[tuple[str, int, int, int, int, int], ...]
+    features: Mapping[str, tuple[str, str, int]]
+    dense: DenseConfig
+    optimizer: DenseOptimizerConfig
+
+    def check_plan(self, plan: Plan) -> None:
+        """Raise TrainerError when `plan` is not the plan this program was generated for."""
+        got_tables = {t.name: (t.rows, t.dim, t.dtype, t.optimizer) for t in plan.tables}
+        got_clusters = {c.name: (c.kind, c.communication, tuple(c.tables)) for c in plan.clusters}
+        got_shards = sorted(
+            (s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank)
+            for s in plan.shards
+        )
+        got_features = [(f.name, f.table, f.pooling) for f in plan.features]
+        want_features = [(n, t, p) for n, (t, p, _) in self.features.items()]
+        checks = [
+            ("world size", plan.world_size, self.world_size),
+            ("nodes", plan.topology.nodes, self.nodes),
+            ("GPUs per node", plan.topology.gpus_per_node, self.gpus_per_node),
+            ("global batch", plan.batch_size, self.global_batch),
+            ("row partition", plan.row_partition, self.row_partition),
+            ("tables", got_tables, dict(self.tables)),
+            ("clusters", got_clusters, dict(self.clusters)),
+            ("cells", got_shards, sorted(self.shards)),
+            ("features", got_features, want_features),
+        ]
+        for what, got, want in checks:
+            if got != want:
+                raise TrainerError(
+                    f"{self.plan_path} does not match train.py: its {what} differ from the "
+                    "ones train.py was generated with; recompile the spec with `embarkc compile`"
+                )
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train.py",
+        description=f"Train {program.name} with its embarkc plan ({program.world_size} ranks).",
+    )
+    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data")
+    p.add_argument("--data", type=Path, help="Criteo TSV or HugeCTR raw file (default: synthetic)")
+    p.add_argument(
+        "--data-format", choices=("auto", "criteo", "hugectr"), default="auto", help="of --data"
+    )
+    p.add_argument("--log-json", type=Path, help="write one JSON object per step to this file")
+    p.add_argument("--log-every", type=int, default=10, help="print every N steps (no terminal)")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: at end)")
+    p.add_argument("--eval-batches", type=int, default=4, help="held-out global batches per eval")
+    p.add_argument("--checkpoint-dir", type=Path, help="folder of periodic checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="continue from a checkpoint: PATH, or the latest in --checkpoint-dir if any",
+    )
+    p.add_argument("--export-embeddings", type=Path, help="write every table (.safetensors/.npz)")
+    p.add_argument(
+        "--reference", action="store_true", help="train unsharded in one process (no torchrun)"
+    )
+    p.add_argument("--no-overlap", action="store_true", help="do not prefetch the next batch")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("steps", "log_every", "eval_every", "eval_batches", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            raise TrainerError(f"--{name.replace('_', '-')} must not be negative")
+    if args.log_every == 0:
+        args.log_every = 1
+    if args.checkpoint_every and args.checkpoint_dir is None:
+        raise TrainerError("--checkpoint-every needs --checkpoint-dir")
+    if args.resume == "" and args.checkpoint_dir is None:
+        raise TrainerError("--resume without a PATH needs --checkpoint-dir")
+    if args.reference and (args.checkpoint_dir is not None or args.resume is not None):
+        raise TrainerError("--reference does not write or read checkpoints")
+    if args.export_embeddings is not None and args.export_embeddings.suffix not in (
+        ".npz",
+        ".safetensors",
+    ):
+        raise TrainerError(
+            f"--export-embeddings {args.export_embeddings}: the name must end in "
+            ".safetensors or .npz"
+        )
+    if args.data is not None and not args.data.is_file():
+        raise TrainerError(f"--data {args.data}: no such file")
+
+
+def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
+    """Entry point of a generated train.py; returns the process exit code."""
+    args = build_parser(program).parse_args(argv)
+    try:
+        _check_args(args)
+        try:
+            plan = load_plan(program.plan_path)
+        except PlanError as e:
+            raise TrainerError(str(e)) from None
+        program.check_plan(plan)
+        if args.reference:
+            return _Reference(program, plan, args).run()
+        return _run_sharded(program, plan, args)
+    except TrainerError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as e:
+        # errors of the runtime's own checks (checkpoint, plan) are user errors too
+        if type(e).__name__ in ("CheckpointError", "ReaderError", "DataError"):
+            print(f"train.py: error: {e}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        raise
+
+
+# --------------------------------------------------------------------------- data
+
+
+class _Data:
+    """Training and held-out batches: synthetic, or read from a dataset file."""
+
+    def __init__(self, program: TrainProgram, plan: Plan, args: argparse.Namespace):
+        self.path: Path | None = args.data
+        if self.path is None:
+            from embark_runtime.synthetic import SyntheticData
+
+            self._synthetic = SyntheticData(
+                plan, seed=args.seed, dense_features=program.dense.dense_features
+            )
+            self.description = f"synthetic (seed {args.seed})"
+        else:
+            from embark_runtime import readers
+
+            self._reader = readers.open_dataset(
+                self.path, plan, fmt=args.data_format, dense_features=program.dense.dense_features
+            )
+            self.description = f"{self.path}"
+
+    def batch(self, step: int, rank: int, world: int) -> Any:
+        if self.path is None:
+            return self._synthetic.batch(step, rank, world)
+        return self._reader.batch(step, rank, world)
+
+    def global_batch(self, step: int) -> Any:
+        if self.path is None:
+            return self._synthetic.global_batch(step)
+        return self._reader.batch(step, 0, 1)
+
+    def eval_batch(self, index: int, rank: int, world: int) -> Any:
+        if self.path is None:
+            return self._synthetic.batch(EVAL_STEP_BASE + index, rank, world)
+        return self._reader.eval_batch(index, rank, world)
+
+
+def _tensors(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32)).to(device)
+    labels = torch.from_numpy(np.ascontiguousarray(batch.labels, dtype=np.float32)).to(device)
+    return dense, labels
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class _Log:
+    """Progress on rank 0: a bar on a terminal, a line every `every` steps otherwise,
+    and one JSON object per step to `json_path`."""
+
+    def __init__(self, enabled: bool, total: int, every: int, json_path: Path | None, quiet: bool):
+        self.enabled = enabled
+        self.total = total
+        self.every = every
+        self.quiet = quiet or not enabled
+        self.tty = sys.stdout.isatty()
+        self.json: TextIO | None = None
+        if enabled and json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            # append: a restarted group continues the same log
+            self.json = json_path.open("a", buffering=1)
+
+    def say(self, text: str) -> None:
+        if self.enabled:
+            if self.tty:
+                print("\r\x1b[2K", end="")
+            print(text, flush=True)
+
+    def step(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self.json is not None:
+            self.json.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.quiet:
+            return
+        done = record["step"] + 1
+        text = (
+            f"step {done}/{self.total}  loss {record['loss']:.5f}  "
+            f"{record['samples_per_s']:,.0f} samples/s  "
+            f"{_mib(record['bytes_total'])} moved"
+        )
+        if self.tty:
+            width = 24
+            filled = int(width * done / max(self.total, 1))
+            bar = "#" * filled + "." * (width - filled)
+            print(f"\r\x1b[2K[{bar}] {text}", end="" if done < self.total else "\n", flush=True)
+        elif done % self.every == 0 or done == self.total:
+            per_cluster = ", ".join(
+                f"{c} {_mib(v['intra'] + v['inter'])}" for c, v in record["bytes"].items()
+            )
+            print(f"{text} ({per_cluster})", flush=True)
+
+    def close(self) -> None:
+        if self.json is not None:
+            self.json.close()
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
+    """Write `tables` ([rows, dim] float arrays by name) atomically, by the file's suffix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    arrays = {k: np.ascontiguousarray(v) for k, v in tables.items()}
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import save_file
+
+            save_file(arrays, str(tmp))
+        else:
+            with tmp.open("wb") as f:
+                np.savez(f, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_exported(path: Path) -> dict[str, np.ndarray]:
+    """Read a file written by `export_tables`."""
+    if path.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+
+        return dict(load_file(str(path)))
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+# --------------------------------------------------------------------------- reference
+
+
+class _Reference:
+    """Unsharded training in one process: ReferenceEmbeddings + the same dense model."""
+
+    def __init__(self, program: TrainProgram, plan: Plan, args: argparse.Namespace):
+        from embark_runtime.embedding import ReferenceEmbeddings
+
+        self.program, self.plan, self.args = program, plan, args
+        self.device = torch.device("cpu")
+        self.data = _Data(program, plan, args)
+        self.embeddings = ReferenceEmbeddings(plan, seed=args.seed)
+        self.model = DLRMDense(program.dense, seed=args.seed)
+        self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
+        self.log = _Log(True, args.steps, args.log_every, args.log_json, args.quiet)
+
+    def _logits(self, batch: Any) -> torch.Tensor:
+        dense, _ = _tensors(batch, self.device)
+        out = self.embeddings(batch.sparse)
+        return self.model(dense, [out[f] for f in self.program.features])
+
+    def run(self) -> int:
+        a = self.args
+        self.log.say(
+            f"{self.program.name}: reference run, unsharded, one process; data "
+            f"{self.data.description}"
+        )
+        for step in range(a.steps):
+            t0 = time.perf_counter()
+            batch = self.data.global_batch(step)
+            _, labels = _tensors(batch, self.device)
+            loss = local_loss(self._logits(batch), labels, self.program.global_batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            dt = time.perf_counter() - t0
+            self.log.step(
+                {
+                    "step": step,
+                    "loss": float(loss),
+                    "samples_per_s": self.program.global_batch / dt,
+                    "bytes": {},
+                    "bytes_total": 0,
+                }
+            )
+            done = step + 1
+            if (a.eval_every and done % a.eval_every == 0) or done == a.steps:
+                self._evaluate(done)
+        if a.export_embeddings is not None:
+            export_tables(
+                a.export_embeddings,
+                {
+                    t.name: self.embeddings.table_weights(t.name).detach().cpu().numpy()
+                    for t in self.plan.tables
+                },
+            )
+            self.log.say(f"exported {len(self.plan.tables)} tables to {a.export_embeddings}")
+        self.log.close()
+        return 0
+
+    def _evaluate(self, done: int) -> None:
+        labels, scores = [], []
+        with torch.no_grad():
+            for i in range(self.args.eval_batches):
+                world = self.program.world_size
+                # the same samples as the sharded run: every rank's slice, concatenated
+                for rank in range(world):
+                    b = self.data.eval_batch(i, rank, world)
+                    scores.append(torch.sigmoid(self._logits(b)).numpy())
+                    labels.append(np.asarray(b.labels))
+        _report_eval(self.log, done, np.concatenate(labels), np.concatenate(scores))
+
+
+def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -> None:
+    if labels.size == 0:
+        return
+    auc = roc_auc(labels, scores)
+    ll = log_loss(labels, scores)
+    log.say(f"eval after step {done}: AUC {auc:.4f}  log loss {ll:.5f}  ({labels.size} samples)")
+    if log.json is not None:
+        record = {"eval": True, "step": done - 1, "auc": None if math.isnan(auc) else auc}
+        record.update({"logloss": ll, "samples": int(labels.size)})
+        log.json.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------- sharded
+
+
+def _inject_fault(step: int, rank: int, checkpoint_dir: Path | None) -> None:
+    at = os.environ.get("EMBARK_FAULT_AT_STEP")
+    if at is None or int(at) != step or rank != int(os.environ.get("EMBARK_FAULT_RANK", "1")):
+        return
+    default = (checkpoint_dir or Path.cwd()) / ".fault-injected"
+    marker = Path(os.environ.get("EMBARK_FAULT_MARKER", str(default)))
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    print(f"rank {rank}: EMBARK_FAULT_AT_STEP={step}: killing myself", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _device(args: argparse.Namespace) -> torch.device:
+    use_cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise TrainerError("--device cuda, but CUDA is not available")
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _kernels(program: TrainProgram, device: torch.device) -> tuple[Any, str]:
+    """The kernel implementation for `device` and a phrase saying which it is."""
+    if device.type != "cuda":
+        return None, "torch kernels (no CUDA)"
+    from embark_runtime.cuda_kernels import CudaKernels
+
+    return CudaKernels(program.kernels_dir), f"generated CUDA kernels from {program.kernels_dir}"
+
+
+def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) -> int:
+    world_env = os.environ.get("WORLD_SIZE")
+    if world_env is None:
+        if program.world_size != 1:
+            raise TrainerError(
+                f"the plan has {program.world_size} ranks: launch with ./launch.sh or "
+                f"`torchrun --nproc-per-node {program.gpus_per_node} --nnodes {program.nodes} "
+                "train.py`; or use --reference for one unsharded process"
+            )
+        os.environ.update(
+            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+        )
+        os.environ.setdefault("MASTER_PORT", "29500")
+    elif int(world_env) != program.world_size:
+        raise TrainerError(
+            f"launched with {world_env} processes, but the plan has {program.world_size} ranks "
+            f"({program.nodes} node(s) x {program.gpus_per_node}); launch with ./launch.sh, or "
+            "recompile the spec for the machines you have"
+        )
+    trainer = _Sharded(program, plan, args)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
+
+
+class _Sharded:
+    def __init__(self, program: TrainProgram, plan: Plan, args: argparse.Namespace):
+        import torch.distributed as dist
+
+        from embark_runtime.comm import init_distributed
+
+        self.program, self.plan, self.args = program, plan, args
+        self.dist = dist
+        self.device = _device(args)
+        self.comm = init_distributed(plan)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        kernels, self.kernel_note = _kernels(program, self.device)
+
+        from embark_runtime.embedding import ShardedEmbeddings
+
+        self.embeddings = ShardedEmbeddings(
+            plan,
+            self.rank,
+            self.world,
+            seed=args.seed,
+            kernels=kernels,
+            device=self.device,
+            overlap=not args.no_overlap,
+        )
+        self.model = DLRMDense(program.dense, seed=args.seed).to(self.device)
+        self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
+        self.data = _Data(program, plan, args)
+        self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
+        self.clusters = [c.name for c in plan.clusters] + ["dense"]
+        g = plan.topology.gpus_per_node
+        self.dense_link = (
+            "inter" if self.rank // g != ((self.rank + 1) % self.world) // g else "intra"
+        )
+
+    def close(self) -> None:
+        self.log.close()
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ one step
+
+    def _forward(self, batch: Any) -> torch.Tensor:
+        dense, _ = _tensors(batch, self.device)
+        out = self.embeddings(batch.sparse)
+        return self.model(dense, [out[f] for f in self.program.features])
+
+    def _step(self, batch: Any, prefetch: Any | None) -> tuple[float, dict[str, dict[str, int]]]:
+        """Train one step; returns (global mean loss, bytes moved per cluster, all ranks)."""
+        dense_in, labels = _tensors(batch, self.device)
+        out = self.embeddings(batch.sparse)
+        if prefetch is not None:
+            # the next batch's keys travel while this step's dense part computes
+            self.embeddings.prefetch(prefetch.sparse)
+        logits = self.model(dense_in, [out[f] for f in self.program.features])
+        loss = local_loss(logits, labels, self.program.global_batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        dense_bytes = allreduce_gradients(self.model.parameters())
+        self.optimizer.step()
+
+        moved = {c: dict(v) for c, v in self.embeddings.bytes_moved().items()}
+        ring = ring_allreduce_bytes(dense_bytes, self.world)
+        moved["dense"] = {"intra": 0, "inter": 0, self.dense_link: ring}
+        # one collective for the loss and every counter, summed over ranks
+        flat = [float(loss.detach())]
+        for c in self.clusters:
+            v = moved.get(c, {"intra": 0, "inter": 0})
+            flat += [float(v["intra"]), float(v["inter"])]
+        totals = torch.tensor(flat, dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(totals)
+        t = totals.cpu().tolist()
+        per_cluster = {
+            c: {"intra": int(t[1 + 2 * i]), "inter": int(t[2 + 2 * i])}
+            for i, c in enumerate(self.clusters)
+        }
+        return t[0], per_cluster
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        a = self.args
+        start = self._resume()
+        self.log.say(
+            f"{self.program.name}: {self.world} ranks, backend {self.dist.get_backend()}, "
+            f"{self.kernel_note}, device {self.device.type}; data {self.data.description}; "
+            + (f"resumed at step {start}" if start else "starting at step 0")
+        )
+        batch = self.data.batch(start, self.rank, self.world) if start < a.steps else None
+        for step in range(start, a.steps):
+            _inject_fault(step, self.rank, a.checkpoint_dir)
+            done = step + 1
+            eval_due = (a.eval_every and done % a.eval_every == 0) or done == a.steps
+            t0 = time.perf_counter()
+            nxt = self.data.batch(done, self.rank, self.world) if done < a.steps else None
+            # no prefetch before an evaluation: its forward passes come first
+            prefetch = nxt if nxt is not None and not a.no_overlap and not eval_due else None
+            loss, moved = self._step(batch, prefetch)
+            dt = time.perf_counter() - t0
+            self.log.step(
+                {
+                    "step": step,
+                    "loss": loss,
+                    "samples_per_s": self.program.global_batch / dt,
+                    "bytes": moved,
+                    "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
+                }
+            )
+            if a.checkpoint_dir is not None and (
+                (a.checkpoint_every and done % a.checkpoint_every == 0) or done == a.steps
+            ):
+                self._checkpoint(done)
+            if eval_due:
+                self._evaluate(done)
+            batch = nxt
+        if a.export_embeddings is not None:
+            self._export(a.export_embeddings)
+        self.dist.barrier()
+        return 0
+
+    def _evaluate(self, done: int) -> None:
+        labels, scores = [], []
+        self.model.eval()
+        with torch.no_grad():
+            for i in range(self.args.eval_batches):
+                b = self.data.eval_batch(i, self.rank, self.world)
+                scores.append(torch.sigmoid(self._forward(b)))
+                labels.append(torch.as_tensor(np.asarray(b.labels), device=self.device))
+        self.model.train()
+        if not scores:
+            return
+        mine = torch.stack([torch.cat(labels).float(), torch.cat(scores).float()])
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        self.dist.all_gather(gathered, mine)
+        if self.rank == 0:
+            both = torch.cat(gathered, dim=1).cpu().numpy()
+            _report_eval(self.log, done, both[0], both[1])
+
+    # ------------------------------------------------------------------ state
+
+    def _extra(self) -> dict[str, torch.Tensor]:
+        extra = {DENSE_PREFIX + k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        for k, v in optimizer_state_tensors(self.optimizer).items():
+            extra[DENSE_OPT_PREFIX + k] = v
+        return extra
+
+    def _checkpoint(self, done: int) -> None:
+        from embark_runtime import checkpoint
+
+        root = self.args.checkpoint_dir
+        checkpoint.save_checkpoint(
+            root, done, self.plan, self.rank, self.world, self.embeddings.cells(), self._extra()
+        )
+        self.dist.barrier()
+        if self.rank == 0:
+            checkpoint.finalize_checkpoint(root, done, self.plan, self.world)
+        self.dist.barrier()
+        self.log.say(f"checkpoint after step {done} in {root}")
+
+    def _resume(self) -> int:
+        a = self.args
+        if a.resume is None:
+            return 0
+        from embark_runtime import checkpoint
+
+        if a.resume == "":
+            found = checkpoint.latest_checkpoint(a.checkpoint_dir)
+            if found is None:
+                return 0
+            path = Path(found)
+        else:
+            path = Path(a.resume)
+            if not path.exists():
+                raise TrainerError(f"--resume {path}: no such checkpoint")
+        step, cells, extra = checkpoint.load_checkpoint(path, self.plan, self.rank)
+        self.embeddings.load_cells(cells)
+        extra = dict(extra or {})
+        dense_state = {
+            k[len(DENSE_PREFIX) :]: torch.as_tensor(v)
+            for k, v in extra.items()
+            if k.startswith(DENSE_PREFIX)
+        }
+        if dense_state:
+            self.model.load_state_dict(dense_state)
+            load_optimizer_state_tensors(
+                self.optimizer,
+                {
+                    k[len(DENSE_OPT_PREFIX) :]: torch.as_tensor(v)
+                    for k, v in extra.items()
+                    if k.startswith(DENSE_OPT_PREFIX)
+                },
+            )
+        else:
+            self.log.say(f"{path} has no dense model: the dense part starts fresh")
+        self.log.say(f"resumed from {path} at step {step}")
+        return int(step)
+
+    def _export(self, path: Path) -> None:
+        tables = {}
+        for t in self.plan.tables:
+            w = self.embeddings.gather_table(t.name)  # collective: every rank calls it
+            if self.rank == 0:
+                tables[t.name] = w.detach().float().cpu().numpy()
+        if self.rank == 0:
+            export_tables(path, tables)
+            self.log.say(f"exported {len(tables)} tables to {path}")
+
+
+__all__ = [
+    "EVAL_STEP_BASE",
+    "TrainProgram",
+    "TrainerError",
+    "build_parser",
+    "export_tables",
+    "load_exported",
+    "main",
+]
