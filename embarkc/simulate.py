@@ -1,0 +1,643 @@
+"""Exact per-rank traffic and work of a plan, counted from sampled batches.
+
+`simulate(plan, batches, seed)` draws real batches from `embark_runtime.synthetic` (the
+generator the trainer uses), counts for every rank and step the ids it looks up, the
+distinct rows it updates, its HBM bytes and the bytes it sends and receives per cluster
+and component, exactly as docs/communication.md defines them, and turns the counts into a
+step time with `step_time_of` (the one conversion, below). `count_bytes(plan, batches)`
+returns the bytes per cluster for given per-rank batches, the figure the runtime's
+collectives must reproduce byte for byte.
+
+WHAT IS COUNTED (docs/communication.md is the definition of the bytes on the wire)
+==========================================================================
+Wire bytes, at the sender, for messages between different ranks; intra-node when both
+ranks are on one node. Components: `distributor` (keys, bag lengths, per-id weights),
+`results` (rb/ub forward vectors and backward gradients; intra ones are the `nvlink`
+component, inter ones the `network` component), `dp_exchange` (dp tables' gradient
+exchange and the dense model's all-reduce, cluster `dense`). One detail the page leaves
+open: in hierarchical rb the rail peer of node n sends, per (sample, feature), one
+summed vector covering the union of the column ranges of the table's cells on node n.
+
+HBM bytes of a rank (the `lookup` component). For every cell on the rank (and every dp
+table, replicated), with L lookups served (rb: id occurrences of the cell's row shard
+over the global batch; ub: distinct ids per requester, summed over requesters; dp: the
+rank's local id occurrences), V output vectors (rb: B * F_t partials; ub: one per served
+id; dp: b * F_t), D distinct rows updated (the row shard's distinct ids over the global
+batch; a dp table with dense exchange updates all its rows), width w, element size E and
+`row_bytes` = weights plus optimizer state of one row of the cell:
+
+    forward   L * max(w * E, SMALL_VECTOR_BYTES)  +  V * 4w     (row reads, output writes)
+    backward  L * 4w  +  D * 4w                                  (output-gradient reads,
+                                                                  row-gradient writes)
+    update    D * (4w + 2 * row_bytes)                           (gradient read, weights and
+                                                                  state read and written)
+
+and for every ub table a requester pools what it received: (L_a + V_a) * 4 * dim forward
+and (L_a + U_a) * 4 * dim backward (L_a local id occurrences, V_a = b * F_t, U_a its
+distinct ids).
+
+THE CONVERSION TO TIME (`step_time_of`)
+======================================
+A link is full duplex with the topology's per-direction bandwidth, so a rank's time on a
+link is max(bytes sent, bytes received) / (bandwidth * efficiency). Per rank:
+
+    lookup       hbm_bytes / (hbm_bandwidth * HBM_EFFICIENCY)
+                 + 3 * KERNEL_LAUNCH_SECONDS per cluster with work on the rank
+    distributor  t_intra + t_inter of the key traffic
+                 + per rb/ub cluster: COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY, multi-node)
+    nvlink       t_intra of results and gradients + 2 * COLLECTIVE_LATENCY per rb/ub cluster
+    network      t_inter of results and gradients
+                 + 2 * INTER_NODE_LATENCY per rb/ub cluster (multi-node only)
+    dp_exchange  t_intra + t_inter of dp and dense-model gradients
+                 + per exchange: COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY, multi-node)
+
+(latencies only where the world has more than one rank). A rank's time is the sum of
+its components; the step time is the largest rank's time (collectives wait for the
+slowest rank). The efficiencies and latencies are those of embarkc/planner/constants.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from embark_runtime.keys import row_shard_of
+from embark_runtime.plan import Plan, PlanTable
+from embark_runtime.synthetic import Bag, Batch, SyntheticData
+from embarkc.planner import constants as C
+
+COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
+"""Components of a rank's step time, as in the plan's estimate."""
+LINK_GROUPS = ("distributor", "results", "dp_exchange")
+"""How wire bytes are grouped per rank: results split into nvlink/network by link."""
+DENSE_CLUSTER = "dense"
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class RankCounts:
+    """Counts of one rank, averaged over the simulated steps."""
+
+    rank: int
+    ids: float = 0.0
+    """Ids looked up on the rank (served lookups, see the module docstring)."""
+    distinct: float = 0.0
+    """Distinct rows updated on the rank."""
+    hbm_bytes: float = 0.0
+    sent: dict[str, dict[str, float]] = field(default_factory=dict)
+    """group (distributor | results | dp_exchange) -> {"intra", "inter"} bytes sent."""
+    received: dict[str, dict[str, float]] = field(default_factory=dict)
+    memory_bytes: int = 0
+    components: dict[str, float] = field(default_factory=dict)
+    """Seconds per component (`step_time_of`)."""
+
+    @property
+    def time(self) -> float:
+        return sum(self.components.values())
+
+
+@dataclass
+class SimResult:
+    """What `simulate` counted: per rank, per cluster, and the step time."""
+
+    batches: int
+    seed: int
+    per_rank: list[RankCounts]
+    clusters: dict[str, dict[str, float]]
+    """cluster name (and `dense`) -> {"intra", "inter"} bytes per step (mean over steps)."""
+    step_time: float
+    critical_rank: int
+    step_times: list[float]
+    """Step time of every simulated batch on its own."""
+    components: dict[str, float]
+    """Components of the critical rank, seconds."""
+
+
+# --------------------------------------------------------------------------- counting
+
+
+@dataclass
+class _TableStats:
+    """Per-step counts of one table. Arrays are indexed [requester rank a, row shard j]."""
+
+    n: np.ndarray  # id occurrences
+    nw: np.ndarray  # id occurrences of weighted features
+    uniq: np.ndarray | None  # distinct ids per (a, j); None when not needed
+    distinct_shard: np.ndarray  # [R] distinct ids over the global batch
+    per_rank_uniq: np.ndarray | None  # [W] distinct ids of each rank (all row shards)
+
+
+class _Flows:
+    """Messages collected as (cluster, group, src, dst, bytes) arrays; self-messages dropped."""
+
+    def __init__(self, world: int, gpus_per_node: int):
+        self.world = world
+        self.g = gpus_per_node
+        self.parts: list[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, cluster: str, group: str, src, dst, nbytes) -> None:
+        src, dst, nbytes = np.broadcast_arrays(
+            np.asarray(src, dtype=np.int64),
+            np.asarray(dst, dtype=np.int64),
+            np.asarray(nbytes, dtype=np.int64),
+        )
+        keep = (src != dst) & (nbytes != 0)
+        if np.any(keep):
+            self.parts.append((cluster, group, src[keep], dst[keep], nbytes[keep]))
+
+    def totals(self, clusters: Sequence[str]):
+        """(per-cluster {"intra","inter"}, sent[group][link] per rank, received likewise)."""
+        w = self.world
+        per_cluster = {c: {"intra": 0, "inter": 0} for c in clusters}
+        sent = {gr: {lk: np.zeros(w, np.int64) for lk in ("intra", "inter")} for gr in LINK_GROUPS}
+        recv = {gr: {lk: np.zeros(w, np.int64) for lk in ("intra", "inter")} for gr in LINK_GROUPS}
+        for cluster, group, src, dst, nb in self.parts:
+            intra = (src // self.g) == (dst // self.g)
+            for link, m in (("intra", intra), ("inter", ~intra)):
+                if not np.any(m):
+                    continue
+                per_cluster.setdefault(cluster, {"intra": 0, "inter": 0})
+                per_cluster[cluster][link] += int(nb[m].sum())
+                sent[group][link] += np.bincount(src[m], weights=nb[m], minlength=w).astype(
+                    np.int64
+                )
+                recv[group][link] += np.bincount(dst[m], weights=nb[m], minlength=w).astype(
+                    np.int64
+                )
+        return per_cluster, sent, recv
+
+
+def _table_stats(
+    plan: Plan,
+    table: PlanTable,
+    row_shards: int,
+    bags: list[tuple[Bag, bool]],
+    world: int,
+    need_uniq: bool,
+    need_rank_uniq: bool,
+) -> _TableStats:
+    """Counts of one table over the global batch; `bags` are its features' global bags."""
+    b = plan.batch_size // world
+    rows = table.rows
+    r = row_shards
+    n = np.zeros((world, r), np.int64)
+    nw = np.zeros((world, r), np.int64)
+    ranked: list[np.ndarray] = []
+    all_ids: list[np.ndarray] = []
+    for bag, weighted in bags:
+        bounds = bag.offsets[::b] if len(bag.offsets) > 1 else np.zeros(world + 1, np.int64)
+        per_rank = np.diff(bounds[: world + 1])
+        rank_of = np.repeat(np.arange(world, dtype=np.int64), per_rank)
+        j = row_shard_of(bag.ids, rows, r, plan.row_partition) if r > 1 else 0
+        counts = np.bincount(rank_of * r + j, minlength=world * r).reshape(world, r)
+        n += counts
+        if weighted:
+            nw += counts
+        if need_uniq or need_rank_uniq:
+            ranked.append(rank_of * rows + bag.ids)
+        all_ids.append(bag.ids)
+    ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
+    distinct_shard = np.zeros(r, np.int64)
+    if len(ids):
+        if rows <= max(1 << 26, 4 * len(ids)):
+            # a presence mask is linear time; a sort is n log n on tens of millions of ids
+            seen = np.zeros(rows, dtype=bool)
+            seen[ids] = True
+            present = np.flatnonzero(seen)
+        else:
+            present = np.unique(ids)
+        js = (
+            row_shard_of(present, rows, r, plan.row_partition)
+            if r > 1
+            else np.zeros(len(present), np.int64)
+        )
+        distinct_shard = np.bincount(js, minlength=r)
+    uniq = per_rank_uniq = None
+    if ranked:
+        pairs = np.unique(np.concatenate(ranked))
+        a = pairs // rows
+        if need_uniq:
+            k = pairs - a * rows
+            js = row_shard_of(k, rows, r, plan.row_partition) if r > 1 else 0
+            uniq = np.bincount(a * r + js, minlength=world * r).reshape(world, r)
+        if need_rank_uniq:
+            per_rank_uniq = np.bincount(a, minlength=world)
+    return _TableStats(n, nw, uniq, distinct_shard, per_rank_uniq)
+
+
+def _results_count(plan: Plan, table: str) -> tuple[int, int]:
+    """(F_t: result vectors per sample, features reading the table)."""
+    f_t = nfeat = 0
+    for f in plan.features:
+        if f.table == table:
+            nfeat += 1
+            f_t += max(1, int(round(f.hotness))) if f.pooling == "concat" else 1
+    return f_t, nfeat
+
+
+def dense_parameters(plan: Plan) -> int:
+    """Parameters of the DLRM dense model of `plan.model` (runtime/dense.py's architecture).
+
+    0 when the plan carries no `model` (then nothing is all-reduced for it).
+    """
+    model = (plan.model_extra or {}).get("model")
+    if not model:
+        return 0
+    widths = [
+        plan.table(f.table).dim * (max(1, int(round(f.hotness))) if f.pooling == "concat" else 1)
+        for f in plan.features
+    ]
+    dense_in = int(model.get("dense_features", 0))
+    bottom = [int(x) for x in model.get("bottom_mlp", ())]
+    inter = model.get("interaction") or {}
+    kind = inter.get("kind", "dot") if isinstance(inter, dict) else str(inter)
+    top = [int(x) for x in model.get("top_mlp", (1,))]
+    if not top or top[-1] != 1:
+        top.append(1)
+
+    def mlp(width_in: int, layers: list[int]) -> tuple[int, int]:
+        total = 0
+        for w in layers:
+            total += width_in * w + w
+            width_in = w
+        return total, width_in
+
+    params, d = mlp(dense_in, bottom) if bottom else (0, dense_in)
+    has_x = dense_in > 0
+    if kind == "dot":
+        if not has_x and widths:
+            d = widths[0]
+        params += sum(w * d for w in widths if w != d)
+        nvec = len(widths) + int(has_x)
+        top_in = (d if has_x else 0) + nvec * (nvec - 1) // 2
+    else:
+        top_in = (d if has_x else 0) + sum(widths)
+        layers = int(inter.get("layers", 3)) if isinstance(inter, dict) else 3
+        low_rank = int(inter.get("low_rank", 512)) if isinstance(inter, dict) else 512
+        params += layers * (top_in * low_rank + low_rank * top_in + top_in)
+    params += mlp(top_in, top)[0]
+    return params
+
+
+def ring_allreduce_bytes(size_bytes: int, world: int) -> int:
+    """Bytes each rank sends to its successor in a ring all-reduce of `size_bytes`."""
+    return 0 if world <= 1 else 2 * (world - 1) * size_bytes // world
+
+
+class _StepCounter:
+    """Counts one step of a plan from its features' global bags."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        topo = plan.topology
+        self.world = topo.world_size
+        self.g = topo.gpus_per_node
+        if plan.batch_size % self.world:
+            raise ValueError(
+                f"the global batch {plan.batch_size} does not split evenly over {self.world} ranks"
+            )
+        self.b = plan.batch_size // self.world
+        self.cluster_of = {name: c for c in plan.clusters for name in c.tables}
+        self.features_of: dict[str, list[int]] = {t.name: [] for t in plan.tables}
+        for i, f in enumerate(plan.features):
+            self.features_of[f.table].append(i)
+        self.cells: dict[str, list] = {t.name: [] for t in plan.tables}
+        for s in plan.shards:
+            self.cells[s.table].append(s)
+
+    def count(self, bag_of) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
+        """Flows, and per-rank ids looked up, distinct rows updated and HBM bytes.
+
+        `bag_of(feature_index)` returns that feature's bag over the global batch.
+        """
+        plan, w_, g, b = self.plan, self.world, self.g, self.b
+        flows = _Flows(w_, g)
+        ids = np.zeros(w_, np.float64)
+        distinct = np.zeros(w_, np.float64)
+        hbm = np.zeros(w_, np.float64)
+        ranks = np.arange(w_, dtype=np.int64)
+        node = ranks // g
+        for t in plan.tables:
+            cluster = self.cluster_of[t.name]
+            fidx = self.features_of[t.name]
+            f_t, nfeat = _results_count(plan, t.name)
+            cells = self.cells[t.name]
+            r = cells[0].row_shards if cells else 1
+            kind = cluster.kind
+            exchange = cluster.gradient_exchange or "dense"
+            bags = [(bag_of(i), plan.features[i].weighted) for i in fidx]
+            stats = _table_stats(
+                plan,
+                t,
+                r,
+                bags,
+                w_,
+                need_uniq=kind == "ub",
+                need_rank_uniq=kind == "ub" or (kind == "dp" and exchange == "sparse"),
+            )
+            e = {"fp32": 4, "fp16": 2, "bf16": 2}[t.dtype]
+            local_n = stats.n.sum(axis=1)
+            if kind == "dp":
+                d_rows = t.rows if exchange == "dense" else int(stats.distinct_shard.sum())
+                ids += local_n
+                distinct += d_rows
+                hbm += _hbm(t, t.dim, e, local_n, b * f_t, d_rows)
+                if w_ > 1:
+                    if exchange == "dense":
+                        size = t.rows * t.dim * 4
+                        flows.add(
+                            cluster.name,
+                            "dp_exchange",
+                            ranks,
+                            (ranks + 1) % w_,
+                            ring_allreduce_bytes(size, w_),
+                        )
+                    else:
+                        assert stats.per_rank_uniq is not None
+                        src = np.repeat(ranks, w_)
+                        dst = np.tile(ranks, w_)
+                        nb = stats.per_rank_uniq[src] * (C.KEY_BYTES + 4 * t.dim)
+                        flows.add(cluster.name, "dp_exchange", src, dst, nb)
+                continue
+            owners = {j: sorted({s.rank for s in cells if s.row_shard == j}) for j in range(r)}
+            # distributor: once per distinct owner rank of a row shard
+            for j, os_ in owners.items():
+                if kind == "rb":
+                    nb = (
+                        C.KEY_BYTES * stats.n[:, j]
+                        + C.LENGTH_BYTES * b * nfeat
+                        + C.WEIGHT_BYTES * stats.nw[:, j]
+                    )
+                else:
+                    assert stats.uniq is not None
+                    nb = C.KEY_BYTES * stats.uniq[:, j]
+                for o in os_:
+                    flows.add(cluster.name, "distributor", ranks, o, nb)
+            for s in cells:
+                w = s.width
+                j, o = s.row_shard, s.rank
+                if kind == "rb":
+                    served = int(stats.n[:, j].sum())
+                    outputs = plan.batch_size * f_t
+                    per_req = b * f_t * 4 * w
+                    if cluster.communication == "hierarchical":
+                        same = node == node[o]
+                        flows.add(cluster.name, "results", o, ranks[same], per_req)
+                        flows.add(cluster.name, "results", ranks[same], o, per_req)
+                        other = ranks[~same]
+                        peer = node[o] * g + other % g
+                        flows.add(cluster.name, "results", o, peer, per_req)  # forward partials
+                        flows.add(cluster.name, "results", peer, o, per_req)  # backward grads
+                    else:
+                        flows.add(cluster.name, "results", o, ranks, per_req)
+                        flows.add(cluster.name, "results", ranks, o, per_req)
+                else:
+                    assert stats.uniq is not None
+                    served = int(stats.uniq[:, j].sum())
+                    outputs = served
+                    nb = stats.uniq[:, j] * 4 * w
+                    flows.add(cluster.name, "results", o, ranks, nb)
+                    flows.add(cluster.name, "results", ranks, o, nb)
+                d_rows = int(stats.distinct_shard[j])
+                ids[o] += served
+                distinct[o] += d_rows
+                hbm[o] += _hbm(t, w, e, served, outputs, d_rows)
+            if kind == "rb" and cluster.communication == "hierarchical":
+                for n_ in sorted({int(node[s.rank]) for s in cells}):
+                    width = _union_width([s.columns for s in cells if node[s.rank] == n_])
+                    other = ranks[node != n_]
+                    peer = n_ * g + other % g
+                    nb = b * f_t * 4 * width
+                    flows.add(cluster.name, "results", peer, other, nb)
+                    flows.add(cluster.name, "results", other, peer, nb)
+            if kind == "ub":
+                assert stats.uniq is not None
+                u_a = stats.uniq.sum(axis=1)
+                hbm += (local_n + b * f_t) * 4 * t.dim + (local_n + u_a) * 4 * t.dim
+        params = dense_parameters(plan)
+        if params and w_ > 1:
+            flows.add(
+                DENSE_CLUSTER,
+                "dp_exchange",
+                ranks,
+                (ranks + 1) % w_,
+                ring_allreduce_bytes(params * 4, w_),
+            )
+        return flows, ids, distinct, hbm
+
+
+def _hbm(t: PlanTable, w: int, e: int, lookups, outputs, distinct_rows):
+    """HBM bytes of one cell (module docstring): forward, backward and update."""
+    read = max(w * e, C.SMALL_VECTOR_BYTES)
+    row_bytes = t.bytes_for(1, w)
+    forward = lookups * read + outputs * 4 * w
+    backward = lookups * 4 * w + distinct_rows * 4 * w
+    update = distinct_rows * (4 * w + 2 * row_bytes)
+    return forward + backward + update
+
+
+def _union_width(ranges: list[tuple[int, int]]) -> int:
+    covered, end = 0, -1
+    for lo, hi in sorted(ranges):
+        lo = max(lo, end)
+        if hi > lo:
+            covered += hi - lo
+            end = hi
+    return covered
+
+
+# --------------------------------------------------------------------------- time
+
+
+def step_time_of(
+    plan: Plan,
+    hbm_bytes: float,
+    sent: dict[str, dict[str, float]],
+    received: dict[str, dict[str, float]],
+) -> dict[str, float]:
+    """Seconds per component of one rank's step (the conversion of the module docstring).
+
+    `sent` / `received`: group (distributor | results | dp_exchange) -> {"intra", "inter"}
+    bytes of this rank.
+    """
+    topo = plan.topology
+    world = topo.world_size
+    multi_node = topo.nodes > 1
+    intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
+    inter_bw = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
+
+    def link(group: str, lk: str) -> float:
+        nbytes = max(sent.get(group, {}).get(lk, 0.0), received.get(group, {}).get(lk, 0.0))
+        return nbytes / (intra_bw if lk == "intra" else inter_bw)
+
+    sharded = sum(1 for c in plan.clusters if c.kind != "dp")
+    exchanges = sum(1 for c in plan.clusters if c.kind == "dp") + int(dense_parameters(plan) > 0)
+    call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if multi_node else 0.0)
+    many = world > 1
+    return {
+        "lookup": hbm_bytes / (topo.hbm_bandwidth * C.HBM_EFFICIENCY)
+        + 3 * C.KERNEL_LAUNCH_SECONDS * len(plan.clusters),
+        "distributor": link("distributor", "intra")
+        + link("distributor", "inter")
+        + (sharded * call if many else 0.0),
+        "nvlink": link("results", "intra")
+        + (2 * sharded * C.COLLECTIVE_LATENCY_SECONDS if many else 0.0),
+        "network": link("results", "inter")
+        + (2 * sharded * C.INTER_NODE_LATENCY_SECONDS if multi_node else 0.0),
+        "dp_exchange": link("dp_exchange", "intra")
+        + link("dp_exchange", "inter")
+        + (exchanges * call if many else 0.0),
+    }
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _batches_bag_of(plan: Plan, batch_by_rank: Sequence[Batch]):
+    """bag_of(feature index) over the global batch, from every rank's slice."""
+    names = [f.name for f in plan.features]
+    world = plan.world_size
+    if len(batch_by_rank) != world:
+        raise ValueError(
+            f"expected {world} per-rank batches (one per rank), got {len(batch_by_rank)}"
+        )
+    b = plan.batch_size // world
+
+    def bag_of(i: int) -> Bag:
+        parts = [batch.sparse[names[i]] for batch in batch_by_rank]
+        for a, p in enumerate(parts):
+            if len(p.offsets) != b + 1:
+                raise ValueError(
+                    f"rank {a}'s bag of `{names[i]}` has {len(p.offsets) - 1} samples, expected {b}"
+                )
+        ids = np.concatenate([np.asarray(p.ids, dtype=np.int64) for p in parts])
+        lengths = np.concatenate([np.diff(np.asarray(p.offsets, dtype=np.int64)) for p in parts])
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return Bag(ids=ids, offsets=offsets)
+
+    return bag_of
+
+
+def count_bytes(
+    plan: Plan, batch_by_rank: Sequence[Batch], include_dense: bool = False
+) -> dict[str, dict[str, int]]:
+    """Bytes one step moves per cluster: {cluster name: {"intra": int, "inter": int}}.
+
+    `batch_by_rank[a]` is rank a's slice of the step's batch. Every cluster of the plan
+    is present (dp clusters: their gradient exchange). The dense model's all-reduce is
+    the extra entry `dense` only when `include_dense` (the embeddings do not move it).
+    """
+    flows, *_ = _StepCounter(plan).count(_batches_bag_of(plan, batch_by_rank))
+    names = [c.name for c in plan.clusters] + ([DENSE_CLUSTER] if include_dense else [])
+    per_cluster, _, _ = flows.totals(names)
+    return {name: dict(per_cluster[name]) for name in names}
+
+
+def simulate(plan: Plan, batches: int = 2, seed: int = 0) -> SimResult:
+    """Count `batches` synthetic steps of `plan` (seed `seed`) and estimate the step time.
+
+    Counts are means over the steps; the step time is that of the mean counts (and
+    `step_times` lists each step's own). Raises ValueError for an unusable plan (an
+    uneven batch split, bad histogram keys).
+    """
+    if batches < 1:
+        raise ValueError(f"batches must be >= 1, got {batches}")
+    data = SyntheticData(plan, seed=seed)
+    counter = _StepCounter(plan)
+    w_ = counter.world
+    cluster_names = [c.name for c in plan.clusters] + [DENSE_CLUSTER]
+    tot_cluster = {c: {"intra": 0.0, "inter": 0.0} for c in cluster_names}
+    zeros = lambda: {gr: {lk: np.zeros(w_) for lk in ("intra", "inter")} for gr in LINK_GROUPS}  # noqa: E731
+    tot_sent, tot_recv = zeros(), zeros()
+    tot_ids, tot_distinct, tot_hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
+    step_times: list[float] = []
+    for step in range(batches):
+        flows, ids, distinct, hbm = counter.count(
+            lambda i, step=step: data.bag(step, i, 0, plan.batch_size)
+        )
+        per_cluster, sent, recv = flows.totals(cluster_names)
+        for c, v in per_cluster.items():
+            for lk in ("intra", "inter"):
+                tot_cluster[c][lk] += v[lk] / batches
+        for gr in LINK_GROUPS:
+            for lk in ("intra", "inter"):
+                tot_sent[gr][lk] += sent[gr][lk] / batches
+                tot_recv[gr][lk] += recv[gr][lk] / batches
+        tot_ids += ids / batches
+        tot_distinct += distinct / batches
+        tot_hbm += hbm / batches
+        step_times.append(
+            max(
+                sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a)).values())
+                for a in range(w_)
+            )
+        )
+    memory = plan.memory_by_rank()
+    per_rank = []
+    for a in range(w_):
+        s, rv = _of(tot_sent, a), _of(tot_recv, a)
+        per_rank.append(
+            RankCounts(
+                rank=a,
+                ids=float(tot_ids[a]),
+                distinct=float(tot_distinct[a]),
+                hbm_bytes=float(tot_hbm[a]),
+                sent=s,
+                received=rv,
+                memory_bytes=memory[a],
+                components=step_time_of(plan, float(tot_hbm[a]), s, rv),
+            )
+        )
+    critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
+    return SimResult(
+        batches=batches,
+        seed=seed,
+        per_rank=per_rank,
+        clusters=tot_cluster,
+        step_time=critical.time,
+        critical_rank=critical.rank,
+        step_times=step_times,
+        components=dict(critical.components),
+    )
+
+
+def _of(arrs: dict[str, dict[str, np.ndarray]], a: int) -> dict[str, dict[str, float]]:
+    return {gr: {lk: float(v[a]) for lk, v in d.items()} for gr, d in arrs.items()}
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def compare_with_estimate(plan: Plan, result: SimResult) -> dict[str, float | None]:
+    """Relative difference (estimate - simulated) / simulated, in %, per component of the
+    critical rank, for `step_time`, and `mean_rank_time` (mean over ranks of the per-rank
+    differences of total time). None where the plan's estimate lacks the figure or the
+    simulated value is 0.
+    """
+    est = plan.estimate
+    extra = est.model_extra or {}
+    out: dict[str, float | None] = {}
+    comps = extra.get("components") or {}
+    for name in COMPONENTS:
+        out[name] = _pct(comps.get(name), result.components.get(name, 0.0))
+    out["step_time"] = _pct(est.step_time, result.step_time)
+    diffs = []
+    sim_by_rank = {rc.rank: rc.time for rc in result.per_rank}
+    for pr in est.per_rank:
+        p = _pct(pr.time, sim_by_rank.get(pr.rank, 0.0))
+        if p is not None:
+            diffs.append(abs(p))
+    out["mean_rank_time"] = float(np.mean(diffs)) if diffs else None
+    return out
+
+
+def _pct(estimate: float | None, simulated: float) -> float | None:
+    if estimate is None or not simulated or not math.isfinite(simulated):
+        return None
+    return 100.0 * (float(estimate) - simulated) / simulated

@@ -1,0 +1,282 @@
+"""embarkc.simulate: byte counts against brute-force loops, time conversion, consistency."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from embark_runtime.plan import Plan
+from embark_runtime.synthetic import SyntheticData
+from embarkc.planner import constants as C
+from embarkc.simulate import count_bytes, dense_parameters, simulate, step_time_of
+
+ZIPF = {"kind": "zipf", "alpha": 1.05, "permuted": True}
+
+
+def make_plan(partition: str = "mod", nodes: int = 2, gpus: int = 2, batch: int = 16) -> Plan:
+    """Two nodes of two GPUs; every cluster kind, both rb communications, 3D cells."""
+    tables = [
+        dict(name="a", rows=100, dim=8, optimizer="adagrad"),
+        dict(name="b", rows=50, dim=8),
+        dict(name="c", rows=40, dim=4, optimizer="adam"),
+        dict(name="d", rows=10, dim=4),
+        dict(name="e", rows=30, dim=4),
+    ]
+    features = [
+        dict(name="fa", table="a", hotness=3, access=ZIPF),
+        dict(
+            name="fa_w",
+            table="a",
+            hotness=2,
+            max_hotness=4,
+            fixed=False,
+            weighted=True,
+            access={"kind": "uniform"},
+        ),
+        dict(name="fb", table="b", hotness=2, pooling="concat", access=ZIPF),
+        dict(name="fb2", table="b", hotness=1, access={"kind": "uniform"}),
+        dict(
+            name="fc",
+            table="c",
+            hotness=4,
+            pooling="mean",
+            access={"kind": "zipf", "alpha": 1.2, "permuted": False},
+        ),
+        dict(name="fd", table="d", hotness=2, access={"kind": "uniform"}),
+        dict(name="fe", table="e", hotness=3, access=ZIPF),
+    ]
+    shards = [
+        dict(table="a", row_shard=0, row_shards=2, columns=(0, 4), rank=0),
+        dict(table="a", row_shard=0, row_shards=2, columns=(4, 8), rank=0),
+        dict(table="a", row_shard=1, row_shards=2, columns=(0, 4), rank=1),
+        dict(table="a", row_shard=1, row_shards=2, columns=(4, 8), rank=3),
+        dict(table="b", row_shard=0, row_shards=2, columns=(0, 4), rank=2),
+        dict(table="b", row_shard=0, row_shards=2, columns=(4, 8), rank=0),
+        dict(table="b", row_shard=1, row_shards=2, columns=(0, 8), rank=3),
+        dict(table="c", row_shard=0, row_shards=3, columns=(0, 4), rank=1),
+        dict(table="c", row_shard=1, row_shards=3, columns=(0, 4), rank=2),
+        dict(table="c", row_shard=2, row_shards=3, columns=(0, 4), rank=2),
+    ]
+    clusters = [
+        dict(name="rb_flat", kind="rb", communication="flat", tables=["a"]),
+        dict(name="rb_hier", kind="rb", communication="hierarchical", tables=["b"]),
+        dict(name="ub0", kind="ub", tables=["c"]),
+        dict(name="dp_dense", kind="dp", gradient_exchange="dense", tables=["d"]),
+        dict(name="dp_sparse", kind="dp", gradient_exchange="sparse", tables=["e"]),
+    ]
+    return Plan.model_validate(
+        dict(
+            source=dict(spec="t", sha256="0"),
+            topology=dict(
+                nodes=nodes,
+                gpus_per_node=gpus,
+                hbm_bytes=1 << 34,
+                hbm_bandwidth=2e12,
+                intra_node_bandwidth=3e11,
+                inter_node_bandwidth=2.5e10,
+            ),
+            batch_size=batch,
+            tables=tables,
+            features=features,
+            row_partition=partition,
+            clusters=clusters,
+            shards=shards,
+            estimate=dict(step_time=0.0, per_rank=[]),
+            planner=dict(strategy="t", solver="t", status="greedy"),
+            model=dict(
+                batch_size=batch,
+                dense_features=13,
+                bottom_mlp=[16, 8],
+                interaction={"kind": "dot"},
+                top_mlp=[8, 1],
+            ),
+        )
+    )
+
+
+def brute_force(plan: Plan, batches) -> dict[str, dict[str, int]]:
+    """docs/communication.md, read literally, with explicit loops over samples."""
+    g = plan.topology.gpus_per_node
+    world = plan.world_size
+    b = plan.batch_size // world
+    out = {c.name: {"intra": 0, "inter": 0} for c in plan.clusters}
+
+    def send(cluster: str, src: int, dst: int, nbytes: int) -> None:
+        if src != dst and nbytes:
+            out[cluster]["intra" if src // g == dst // g else "inter"] += nbytes
+
+    def ids_of(a: int, feature: str) -> list[int]:
+        bag = batches[a].sparse[feature]
+        got = []
+        for sample in range(b):
+            for p in range(bag.offsets[sample], bag.offsets[sample + 1]):
+                got.append(int(bag.ids[p]))
+        return got
+
+    for c in plan.clusters:
+        for name in c.tables:
+            t = plan.table(name)
+            feats = [f for f in plan.features if f.table == name]
+            if c.kind == "dp":
+                for a in range(world):
+                    if c.gradient_exchange == "sparse":
+                        u = len({k for f in feats for k in ids_of(a, f.name)})
+                        for o in range(world):
+                            send(c.name, a, o, u * (8 + 4 * t.dim))
+                    else:
+                        s = t.rows * t.dim * 4
+                        send(c.name, a, (a + 1) % world, 2 * (world - 1) * s // world)
+                continue
+            cells = plan.shards_of(name)
+            r = cells[0].row_shards
+            block = math.ceil(t.rows / r)
+
+            def shard(k: int) -> int:
+                return k % r if plan.row_partition == "mod" else k // block  # noqa: B023
+
+            f_t = sum(int(f.hotness) if f.pooling == "concat" else 1 for f in feats)
+            for a in range(world):
+                for j in range(r):
+                    ids_j = [k for f in feats for k in ids_of(a, f.name) if shard(k) == j]
+                    weighted = [
+                        k for f in feats if f.weighted for k in ids_of(a, f.name) if shard(k) == j
+                    ]
+                    if c.kind == "rb":
+                        nbytes = 8 * len(ids_j) + 4 * b * len(feats) + 4 * len(weighted)
+                    else:
+                        nbytes = 8 * len(set(ids_j))
+                    for o in sorted({s.rank for s in cells if s.row_shard == j}):
+                        send(c.name, a, o, nbytes)
+                for s in cells:
+                    o, w = s.rank, s.width
+                    if c.kind == "ub":
+                        u = len(
+                            {k for f in feats for k in ids_of(a, f.name) if shard(k) == s.row_shard}
+                        )
+                        send(c.name, o, a, u * 4 * w)
+                        send(c.name, a, o, u * 4 * w)
+                    elif c.communication == "flat" or a // g == o // g:
+                        send(c.name, o, a, b * f_t * 4 * w)
+                        send(c.name, a, o, b * f_t * 4 * w)
+                    else:
+                        p = (o // g) * g + a % g
+                        send(c.name, o, p, b * f_t * 4 * w)
+                        send(c.name, p, o, b * f_t * 4 * w)
+                if c.kind == "rb" and c.communication == "hierarchical":
+                    for n in sorted({s.rank // g for s in cells}):
+                        if a // g == n:
+                            continue
+                        cols = set()
+                        for s in cells:
+                            if s.rank // g == n:
+                                cols |= set(range(*s.columns))
+                        p = n * g + a % g
+                        send(c.name, p, a, b * f_t * 4 * len(cols))
+                        send(c.name, a, p, b * f_t * 4 * len(cols))
+    return out
+
+
+@pytest.mark.parametrize("partition", ["mod", "range"])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_count_bytes_equals_brute_force_counting(partition: str, seed: int) -> None:
+    plan = make_plan(partition)
+    data = SyntheticData(plan, seed=seed)
+    for step in range(2):
+        batches = [data.batch(step, a, plan.world_size) for a in range(plan.world_size)]
+        got = count_bytes(plan, batches)
+        assert got == brute_force(plan, batches)
+        assert all(v["inter"] > 0 for v in got.values())
+
+
+def test_simulate_totals_agree_with_count_bytes_and_per_rank_counts() -> None:
+    plan = make_plan()
+    res = simulate(plan, batches=1, seed=3)
+    data = SyntheticData(plan, seed=3)
+    batches = [data.batch(0, a, plan.world_size) for a in range(plan.world_size)]
+    counted = count_bytes(plan, batches, include_dense=True)
+    assert {k: {lk: int(v) for lk, v in d.items()} for k, d in res.clusters.items()} == counted
+    for link in ("intra", "inter"):
+        sent = sum(rc.sent[g][link] for rc in res.per_rank for g in rc.sent)
+        recv = sum(rc.received[g][link] for rc in res.per_rank for g in rc.received)
+        assert sent == recv == sum(v[link] for v in counted.values())
+    assert res.step_time == max(rc.time for rc in res.per_rank)
+    assert res.step_times == [res.step_time]
+    assert res.per_rank[res.critical_rank].time == res.step_time
+    assert [rc.memory_bytes for rc in res.per_rank] == plan.memory_by_rank()
+
+
+def test_lookup_and_distinct_counts_of_a_one_rank_plan() -> None:
+    """One rank, one rb cell: every id is looked up there, distinct rows are the set."""
+    plan = make_plan(nodes=1, gpus=1, batch=32)
+    only = [
+        dict(table=t, row_shard=0, row_shards=1, columns=(0, plan.table(t).dim), rank=0)
+        for t in ("a", "b", "c")
+    ]
+    plan = plan.model_copy(update={"shards": [type(plan.shards[0])(**s) for s in only]})
+    res = simulate(plan, batches=1, seed=1)
+    g = SyntheticData(plan, seed=1).global_batch(0)
+    rb_ids = sum(len(g.sparse[f].ids) for f in ("fa", "fa_w", "fb", "fb2"))
+    ub_ids = len(np.unique(g.sparse["fc"].ids))
+    dp_ids = len(g.sparse["fd"].ids) + len(g.sparse["fe"].ids)
+    assert res.per_rank[0].ids == rb_ids + ub_ids + dp_ids
+    distinct = (
+        len(np.unique(np.concatenate([g.sparse["fa"].ids, g.sparse["fa_w"].ids])))
+        + len(np.unique(np.concatenate([g.sparse["fb"].ids, g.sparse["fb2"].ids])))
+        + ub_ids
+        + 10  # dense exchange: the whole dp table is updated
+        + len(np.unique(g.sparse["fe"].ids))
+    )
+    assert res.per_rank[0].distinct == distinct
+    assert all(v == {"intra": 0, "inter": 0} for v in res.clusters.values())
+
+
+def test_step_time_conversion_by_hand() -> None:
+    plan = make_plan()
+    sent = {
+        "distributor": {"intra": 3e9, "inter": 1e9},
+        "results": {"intra": 6e9, "inter": 0.0},
+        "dp_exchange": {"intra": 0.0, "inter": 2e9},
+    }
+    recv = {
+        "distributor": {"intra": 1e9, "inter": 2e9},
+        "results": {"intra": 3e9, "inter": 4e9},
+        "dp_exchange": {"intra": 0.0, "inter": 1e9},
+    }
+    got = step_time_of(plan, 1.6e12, sent, recv)
+    nv, net = 3e11 * C.NVLINK_EFFICIENCY, 2.5e10 * C.NETWORK_EFFICIENCY
+    call = C.COLLECTIVE_LATENCY_SECONDS + C.INTER_NODE_LATENCY_SECONDS
+    assert got["lookup"] == pytest.approx(
+        1.6e12 / (2e12 * C.HBM_EFFICIENCY) + 3 * 5 * C.KERNEL_LAUNCH_SECONDS
+    )
+    assert got["distributor"] == pytest.approx(3e9 / nv + 2e9 / net + 3 * call)
+    assert got["nvlink"] == pytest.approx(6e9 / nv + 6 * C.COLLECTIVE_LATENCY_SECONDS)
+    assert got["network"] == pytest.approx(4e9 / net + 6 * C.INTER_NODE_LATENCY_SECONDS)
+    assert got["dp_exchange"] == pytest.approx(2e9 / net + 3 * call)
+
+
+def test_dense_parameters_match_the_runtime_dense_model() -> None:
+    torch = pytest.importorskip("torch")
+    from embark_runtime.dense import DenseConfig, DLRMDense
+
+    plan = make_plan()
+    widths = (8, 8, 16, 8, 4, 4, 4)
+    for kind in ("dot", "dcnv2"):
+        model = dict(
+            batch_size=16,
+            dense_features=13,
+            bottom_mlp=[16, 8],
+            interaction={"kind": kind, "layers": 2, "low_rank": 6},
+            top_mlp=[8, 1],
+        )
+        p = plan.model_copy(update={"model": model})
+        m = DLRMDense(DenseConfig(13, (16, 8), kind, (8, 1), widths, cross_layers=2, low_rank=6))
+        assert dense_parameters(p) == sum(x.numel() for x in m.parameters())
+    del torch
+
+
+def test_uneven_batch_is_a_clear_error() -> None:
+    plan = make_plan(batch=18)
+    with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
+        simulate(plan, batches=1)
