@@ -1,0 +1,157 @@
+"""The front end: spec file(s) -> `Program` (parse, resolve includes, lower).
+
+`load_program(path)` and `load_program_text(text, filename)` are what every later stage
+and command calls. Both raise `EmbarkError` carrying every diagnostic found (syntax
+errors of every file, then semantic errors) and never another exception for any input.
+
+Includes: `include "file"` at the top level of any file; the path is relative to the
+including file. Each file is included once (a second include of the same file is
+ignored, so shared hardware files can be included from several places); a cycle is an
+error pointing at the include that closes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from lark import Token, Tree
+
+from embarkc import ir
+from embarkc.diagnostics import Diagnostic, EmbarkError, Span
+from embarkc.lower import SourceFile, lower
+from embarkc.syntax import check_text, parse, parts, span_of
+
+MAX_INCLUDED_FILES = 256
+
+
+def load_program(path: str | Path) -> ir.Program:
+    """Parse, include and lower the spec at `path`."""
+    shown = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise EmbarkError.at(shown, "is a directory, not a spec file") from None
+    except OSError as e:
+        raise EmbarkError.at(shown, f"cannot read spec: {e.strerror or e}") from None
+    text = check_text(data, shown)
+    return _load(text, shown, Path(path).parent, _stem(shown))
+
+
+def load_program_text(text: str, filename: str = "<spec>") -> ir.Program:
+    """Parse, include and lower spec text; includes resolve relative to `filename`'s folder
+    (the current directory for a name like `<spec>`)."""
+    base = Path.cwd() if filename.startswith("<") else Path(filename).parent
+    return _load(text, filename, base, _stem(filename))
+
+
+def _stem(filename: str) -> str:
+    stem = Path(filename).stem if not filename.startswith("<") else "spec"
+    return re.sub(r"[^A-Za-z0-9_]", "_", stem) or "spec"
+
+
+def load_files(
+    text: str, filename: str, base: Path
+) -> tuple[list[SourceFile], list[Diagnostic], dict[str, str]]:
+    """Parse the root text and, depth first, every file it includes.
+
+    Returns the files that parsed (root first), the diagnostics of those that did not, and
+    the text of every file read (for carets).
+    """
+    files: list[SourceFile] = []
+    diags: list[Diagnostic] = []
+    sources: dict[str, str] = {}
+    done: set[Path] = set()
+
+    def visit(text: str, shown: str, real: Path | None, stack: tuple[Path, ...]) -> None:
+        sources[shown] = text
+        try:
+            tree = parse(text, shown)
+        except EmbarkError as e:
+            diags.extend(e.diagnostics)
+            return
+        files.append(SourceFile(shown, text, tree))
+        here = real.parent if real is not None else base
+        for item in parts(tree):
+            if not (isinstance(item, Tree) and item.data == "include"):
+                continue
+            tok = parts(item)[0]
+            assert isinstance(tok, Token)
+            rel = re.sub(r"\\(.)", r"\1", str(tok)[1:-1])
+            span = span_of(tok, shown)
+            target = (here / rel).resolve() if rel else None
+            if target is None or not rel:
+                diags.append(Diagnostic("`include` needs a file name", span))
+                continue
+            if target in stack:
+                chain = " -> ".join(p.name for p in (*stack, target) if p is not None)
+                diags.append(
+                    Diagnostic(f"include cycle: {chain}", span, "remove one of these includes")
+                )
+                continue
+            if target in done:
+                continue
+            if len(done) >= MAX_INCLUDED_FILES:
+                diags.append(Diagnostic(f"more than {MAX_INCLUDED_FILES} included files", span))
+                return
+            done.add(target)
+            shown_inc = _display(here / rel)
+            try:
+                data = target.read_bytes()
+            except IsADirectoryError:
+                diags.append(Diagnostic(f"cannot include `{rel}`: it is a directory", span))
+                continue
+            except OSError as e:
+                diags.append(
+                    Diagnostic(f"cannot include `{rel}`: {e.strerror or e}", span, _near(here, rel))
+                )
+                continue
+            try:
+                inc_text = check_text(data, shown_inc)
+            except EmbarkError as e:
+                diags.extend(e.diagnostics)
+                continue
+            visit(inc_text, shown_inc, target, (*stack, target))
+
+    root_real = None if filename.startswith("<") else Path(filename).resolve()
+    if root_real is not None:
+        done.add(root_real)
+    visit(text, filename, root_real, (root_real,) if root_real is not None else ())
+    return files, diags, sources
+
+
+def _display(p: Path) -> str:
+    """A readable path: relative to the current directory when below it."""
+    try:
+        return str(p.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+def _near(here: Path, rel: str) -> str | None:
+    from embarkc.diagnostics import did_you_mean
+
+    try:
+        names = [p.name for p in (here / rel).parent.iterdir()]
+    except OSError:
+        return None
+    return did_you_mean(Path(rel).name, names)
+
+
+def _load(text: str, filename: str, base: Path, name: str) -> ir.Program:
+    files, diags, sources = load_files(text, filename, base)
+    if diags:
+        raise EmbarkError(diags, sources)
+    if not files:
+        raise EmbarkError(Diagnostic("nothing to compile", Span.of_file(filename)), sources)
+    srcs = tuple(
+        ir.Source(path=f.path, sha256=hashlib.sha256(f.text.encode("utf-8")).hexdigest())
+        for f in files
+    )
+    try:
+        return lower(files, name, srcs)
+    except EmbarkError as e:
+        merged = dict(sources)
+        merged.update(e.sources)
+        raise EmbarkError(e.diagnostics, merged) from None

@@ -1,0 +1,244 @@
+"""Parse embark source text into an AST with spans.
+
+`parse(text, filename)` returns a lark `Tree` for `grammar/embark.lark`. The tree keeps
+every token (keywords and punctuation included, so that the formatter can reprint it);
+`parts(tree)` gives the meaningful children (subtrees and NAME/NUMBER/UNIT/STRING
+tokens). Every tree has `meta` positions and every token its line and column.
+
+Syntax errors become an `EmbarkError` with one diagnostic: the unexpected token, the
+tokens that were expected in readable form ("expected one of `dim`, `rows`, `}`") and a
+did-you-mean hint when a misspelt keyword is close to an expected one. Text that is not
+a spec at all (binary, NUL bytes, larger than `MAX_SOURCE_BYTES`) is rejected before
+parsing with a diagnostic too; nothing here raises anything but `EmbarkError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.lexer import PatternStr
+
+from embarkc.diagnostics import Diagnostic, EmbarkError, Span, did_you_mean
+
+MAX_SOURCE_BYTES = 16 * 1024 * 1024
+"""Specs are hand-written: anything bigger is a mistake (a data file passed as a spec)."""
+
+VALUE_TOKENS = frozenset({"NAME", "NUMBER", "UNIT", "STRING"})
+
+_READABLE = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "UNIT": "a unit",
+    "STRING": 'a "string"',
+    "$END": "end of file",
+}
+
+
+@dataclass(frozen=True)
+class Comment:
+    """A `#` comment: its text (with the `#`), position, and whether code precedes it."""
+
+    text: str
+    line: int
+    col: int
+    trailing: bool
+
+
+def _grammar_text() -> str:
+    try:
+        return resources.files("embarkc.grammar").joinpath("embark.lark").read_text()
+    except (ModuleNotFoundError, FileNotFoundError):  # running from a source tree
+        return (Path(__file__).resolve().parent.parent / "grammar" / "embark.lark").read_text()
+
+
+_COMMENTS: list[Token] = []
+"""Filled by the lexer during one `_parser().parse` call (parsing is not re-entrant)."""
+
+
+@cache
+def _parser() -> Lark:
+    return Lark(
+        _grammar_text(),
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        keep_all_tokens=True,
+        maybe_placeholders=False,
+        lexer_callbacks={"COMMENT": _COMMENTS.append},
+    )
+
+
+@cache
+def _terminal_names() -> dict[str, str]:
+    """Terminal name -> how to show it to a person (`rows`, `{`, a number, ...)."""
+    out = dict(_READABLE)
+    for term in _parser().terminals:
+        if isinstance(term.pattern, PatternStr):
+            out[term.name] = f"`{term.pattern.value}`"
+    return out
+
+
+def _keywords() -> dict[str, str]:
+    """Terminal name -> keyword text, for keywords that look like names (for hints)."""
+    return {
+        t.name: t.pattern.value
+        for t in _parser().terminals
+        if isinstance(t.pattern, PatternStr) and t.pattern.value.replace("_", "a").isalpha()
+    }
+
+
+def readable_expected(names: set[str] | frozenset[str]) -> str:
+    shown = sorted({_terminal_names().get(n, n) for n in names}, key=lambda s: (s[0] != "`", s))
+    if len(shown) == 1:
+        return f"expected {shown[0]}"
+    return "expected one of " + ", ".join(shown)
+
+
+def check_text(data: bytes, filename: str) -> str:
+    """Decode a spec file, rejecting what cannot be a spec (too big, binary, not UTF-8)."""
+    if len(data) > MAX_SOURCE_BYTES:
+        raise EmbarkError(
+            Diagnostic(
+                f"file is {len(data):,} bytes; a spec may be at most {MAX_SOURCE_BYTES:,} bytes",
+                Span.of_file(filename),
+                'is this a data file? histograms are read with `access histogram "file"`',
+            )
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise EmbarkError(
+            Diagnostic(
+                f"file is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})",
+                Span(filename, line, col, line, col + 1),
+                "is this a binary file?",
+            )
+        ) from None
+    nul = text.find("\0")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        col = nul - (text.rfind("\n", 0, nul) + 1) + 1
+        raise EmbarkError(
+            Diagnostic("file contains a NUL byte", Span(filename, line, col, line, col + 1)),
+            {filename: text},
+        )
+    return text
+
+
+def parse(text: str, filename: str = "<spec>") -> Tree:
+    """Parse a spec's text; raise `EmbarkError` (with the source attached) on a syntax error."""
+    return parse_with_comments(text, filename)[0]
+
+
+def parse_with_comments(text: str, filename: str = "<spec>") -> tuple[Tree, list[Comment]]:
+    """Parse, also returning the comments in source order (for the formatter)."""
+    if "\0" in text:
+        check_text(text.encode("utf-8", "surrogatepass"), filename)
+    _COMMENTS.clear()
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as e:
+        raise EmbarkError(_diagnostic(e, text, filename), {filename: text}) from None
+    except RecursionError:
+        raise EmbarkError(
+            Diagnostic("spec is nested too deeply to parse", Span.of_file(filename)),
+            {filename: text},
+        ) from None
+    code_lines: dict[int, int] = {}
+    for tok in tree.scan_values(lambda v: isinstance(v, Token)):
+        if tok.line is not None and tok.column is not None:
+            code_lines[tok.line] = min(code_lines.get(tok.line, tok.column), tok.column)
+    comments = [
+        Comment(
+            text=str(t).rstrip(),
+            line=t.line or 0,
+            col=t.column or 0,
+            trailing=code_lines.get(t.line or 0, 1 << 30) < (t.column or 0),
+        )
+        for t in _COMMENTS
+    ]
+    _COMMENTS.clear()
+    return tree, comments
+
+
+def _diagnostic(e: UnexpectedInput, text: str, filename: str) -> Diagnostic:
+    line = getattr(e, "line", 0) or 0
+    col = getattr(e, "column", 0) or 0
+    if isinstance(e, UnexpectedToken) and e.token.type == "$END" or isinstance(e, UnexpectedEOF):
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        expected = set(getattr(e, "expected", ()) or ())
+        return Diagnostic(
+            f"unexpected end of file; {readable_expected(expected)}",
+            Span(filename, line, col, line, col + 1),
+            "a `{` is missing its `}`" if "RBRACE" in expected else None,
+        )
+    if isinstance(e, UnexpectedToken):
+        tok = e.token
+        width = max(len(str(tok)), 1)
+        span = Span(filename, line, col, tok.end_line or line, (tok.end_column or col + width))
+        if tok.end_line != line:
+            span = Span(filename, line, col, line, col + width)
+        expected = set(e.expected)
+        shown = _terminal_names().get(tok.type, "")
+        what = f"`{tok}`" if tok.type in VALUE_TOKENS or not shown else shown
+        hint = None
+        if tok.type == "NAME" or tok.type in _keywords():
+            kws = {v for k, v in _keywords().items() if k in expected}
+            hint = did_you_mean(str(tok), kws)
+        return Diagnostic(f"unexpected {what}; {readable_expected(expected)}", span, hint)
+    if isinstance(e, UnexpectedCharacters):
+        pos = e.pos_in_stream or 0
+        ch = text[pos] if 0 <= pos < len(text) else "?"
+        shown_ch = ch if ch.isprintable() else repr(ch)[1:-1]
+        allowed = set(e.allowed or ())
+        word = _word_at(text, pos)
+        hint = None
+        if word and allowed:
+            kws = {v for k, v in _keywords().items() if k in allowed}
+            hint = did_you_mean(word, kws)
+        msg = f"unexpected character `{shown_ch}`"
+        if word and len(word) > 1:
+            msg = f"unexpected `{word}`"
+        if allowed:
+            msg += f"; {readable_expected(allowed)}"
+        if ch == "'":
+            hint = 'strings use double quotes: "file"'
+        width = max(len(word), 1) if word else 1
+        return Diagnostic(msg, Span(filename, line, col, line, col + width), hint)
+    return Diagnostic(str(e).splitlines()[0], Span(filename, line, col, line, col + 1))
+
+
+def _word_at(text: str, pos: int) -> str:
+    end = pos
+    while end < len(text) and (text[end].isalnum() or text[end] in "_-./"):
+        end += 1
+    return text[pos:end]
+
+
+def parts(tree: Tree) -> list[Tree | Token]:
+    """The meaningful children of a node: subtrees and value tokens, no punctuation."""
+    return [
+        c
+        for c in tree.children
+        if isinstance(c, Tree) or (isinstance(c, Token) and c.type in VALUE_TOKENS)
+    ]
+
+
+def span_of(node: Tree | Token, filename: str) -> Span:
+    """The source span of a subtree or token (1-based, end exclusive)."""
+    if isinstance(node, Token):
+        line = node.line or 0
+        col = node.column or 0
+        return Span(filename, line, col, node.end_line or line, node.end_column or col + 1)
+    meta = node.meta
+    if getattr(meta, "empty", True):
+        return Span(filename)
+    return Span(filename, meta.line, meta.column, meta.end_line, meta.end_column)
