@@ -205,15 +205,17 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         if args.reference:
             return _Reference(program, plan, args).run()
         return _run_sharded(program, plan, args)
-    except TrainerError as e:
+    except _user_errors() as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except Exception as e:
-        # errors of the runtime's own checks (checkpoint, plan) are user errors too
-        if type(e).__name__ in ("CheckpointError", "ReaderError", "DataError"):
-            print(f"train.py: error: {e}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        raise
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that report a user's mistake (a bad checkpoint, launch or dataset)."""
+    from embark_runtime.checkpoint import CheckpointError
+    from embark_runtime.comm import CommError
+
+    return (TrainerError, CheckpointError, CommError)
 
 
 # --------------------------------------------------------------------------- data
@@ -509,7 +511,7 @@ class _Sharded:
         self.program, self.plan, self.args = program, plan, args
         self.dist = dist
         self.device = _device(args)
-        self.comm = init_distributed(plan)
+        self.comm = init_distributed(plan, device=str(self.device))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         kernels, self.kernel_note = _kernels(program, self.device)
 
@@ -650,7 +652,14 @@ class _Sharded:
 
         root = self.args.checkpoint_dir
         checkpoint.save_checkpoint(
-            root, done, self.plan, self.rank, self.world, self.embeddings.cells(), self._extra()
+            root,
+            done,
+            self.plan,
+            self.rank,
+            self.world,
+            self.embeddings.cells(),
+            self._extra() if self.rank == 0 else None,
+            finalize=False,
         )
         self.dist.barrier()
         if self.rank == 0:

@@ -1,0 +1,279 @@
+"""The generated program (train.py, launch.sh, README.md) for hand-built plans: formatted,
+lint-clean, plan-specific, and refusing to run with the wrong plan or world size."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from embark_runtime.plan import (
+    Access,
+    Cluster,
+    Estimate,
+    InitParams,
+    OptimizerParams,
+    Plan,
+    PlanFeature,
+    PlannerInfo,
+    PlanTable,
+    PlanTopology,
+    RankEstimate,
+    Shard,
+    Source,
+    dumps_plan,
+)
+from embarkc.codegen.program import program_render_spec, py, render_program
+from embarkc.diagnostics import EmbarkError
+from embarkc.emit import GeneratedFile, emit
+from embarkc.frontend import load_program_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SPEC = """
+hardware { preset dgx_h100 nodes 2 gpus_per_node 2 }
+defaults { dim 8 optimizer adagrad { lr 0.05 } pooling sum access zipf(1.1) }
+table big { rows 500 hotness 3 }
+table mid { rows 80 hotness 2 optimizer sgd { lr 0.1 } }
+table small { rows 20 }
+table wide { rows 200 dim 16 hotness mean 2 max 4 pooling mean }
+feature one { table small hotness 1 weighted }
+feature pair { table small hotness 2 pooling concat }
+model {
+  batch 64
+  dense_features 13
+  bottom_mlp [16, 8]
+  interaction dot
+  top_mlp [16, 1]
+  optimizer adam { lr 0.001 }
+}
+"""
+
+LAYOUT_A = (
+    [
+        {"name": "dp0", "kind": "dp", "tables": ["small"]},
+        {"name": "rb0", "kind": "rb", "communication": "flat", "tables": ["big", "mid"]},
+        {"name": "ub0", "kind": "ub", "tables": ["wide"]},
+    ],
+    [
+        ("big", 0, 2, 0, 8, 0),
+        ("big", 1, 2, 0, 4, 1),
+        ("big", 1, 2, 4, 8, 2),
+        ("mid", 0, 1, 0, 8, 3),
+        ("wide", 0, 1, 0, 16, 2),
+    ],
+)
+LAYOUT_B = (
+    [
+        {"name": "dp0", "kind": "dp", "tables": ["small", "mid"]},
+        {"name": "rb0", "kind": "rb", "communication": "hierarchical", "tables": ["big", "wide"]},
+    ],
+    [
+        ("big", 0, 4, 0, 8, 0),
+        ("big", 1, 4, 0, 8, 1),
+        ("big", 2, 4, 0, 8, 2),
+        ("big", 3, 4, 0, 8, 3),
+        ("wide", 0, 1, 0, 8, 0),
+        ("wide", 0, 1, 8, 16, 3),
+    ],
+)
+
+
+def hand_plan(program, layout, strategy="hand") -> Plan:
+    """A Plan for `program` with the given clusters and cells (no planner involved)."""
+    clusters, shards = layout
+    t = program.topology
+    tables = [
+        PlanTable(
+            name=x.name,
+            rows=x.rows,
+            dim=x.dim,
+            dtype=x.dtype,
+            optimizer=x.optimizer.kind,
+            optimizer_params=OptimizerParams(**x.optimizer.model_dump(exclude={"kind", "span"})),
+            init=InitParams(**x.init.model_dump(exclude={"span"})),
+        )
+        for x in program.tables
+    ]
+    features = [
+        PlanFeature(
+            name=f.name,
+            table=f.table,
+            hotness=f.hotness,
+            pooling=f.pooling,
+            access=Access(kind=f.access.kind, alpha=f.access.alpha, permuted=f.access.permuted),
+            max_hotness=f.max_hotness,
+            fixed=f.fixed,
+            weighted=f.weighted,
+        )
+        for f in program.features
+    ]
+    world = t.world_size
+    return Plan(
+        source=Source(spec=program.sources[0].path, sha256=program.sources[0].sha256),
+        topology=PlanTopology(
+            nodes=t.nodes,
+            gpus_per_node=t.gpus_per_node,
+            hbm_bytes=t.hbm_bytes,
+            hbm_bandwidth=t.hbm_bandwidth,
+            intra_node_bandwidth=t.intra_node_bandwidth,
+            inter_node_bandwidth=t.inter_node_bandwidth,
+            arch=t.arch,
+        ),
+        batch_size=program.model.batch_size,
+        tables=tables,
+        features=features,
+        row_partition="mod",
+        clusters=[Cluster(**c) for c in clusters],
+        shards=[
+            Shard(table=a, row_shard=b, row_shards=c, columns=(lo, hi), rank=r)
+            for a, b, c, lo, hi, r in shards
+        ],
+        estimate=Estimate(
+            step_time=0.001,
+            per_rank=[RankEstimate(rank=r, memory_bytes=0, time=0.001) for r in range(world)],
+        ),
+        planner=PlannerInfo(strategy=strategy, solver="greedy", status="greedy"),
+    )
+
+
+@pytest.fixture(scope="module")
+def program():
+    return load_program_text(SPEC, "specs/hand.embark")
+
+
+def _write(program, plan, out: Path) -> Path:
+    files = [GeneratedFile("plan.json", dumps_plan(plan), "embark_runtime.plan.dumps_plan")]
+    files += render_program(program, plan, "specs/hand.embark")
+    emit(files, out, spec="specs/hand.embark", spec_sha256=program.sources[0].sha256)
+    return out
+
+
+@pytest.fixture(scope="module")
+def out_a(program, tmp_path_factory):
+    return _write(program, hand_plan(program, LAYOUT_A), tmp_path_factory.mktemp("a"))
+
+
+def test_generated_python_is_formatted_and_lint_clean(out_a):
+    config = ["--config", str(ROOT / "pyproject.toml")]
+    train = str(out_a / "train.py")
+    fmt = subprocess.run(
+        ["ruff", "format", "--check", "--diff", *config, train], capture_output=True, text=True
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+    lint = subprocess.run(["ruff", "check", *config, train], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    compile(Path(train).read_text(), train, "exec")
+
+
+def test_train_py_bakes_in_the_plan(out_a):
+    text = (out_a / "train.py").read_text()
+    assert "WORLD_SIZE = 4" in text and "GLOBAL_BATCH = 64" in text
+    assert '"rb0": ("rb", "flat", ("big", "mid")),' in text
+    assert '("big", 1, 2, 4, 8, 2),' in text
+    # a concat feature feeds hotness * dim values to the dense model
+    assert '"pair": ("small", "concat", 16),' in text
+    assert 'kind="adam",' in text and "lr=0.001," in text
+
+
+def test_another_plan_gives_another_train_py(program, out_a, tmp_path):
+    out_b = _write(program, hand_plan(program, LAYOUT_B), tmp_path)
+    a, b = (out_a / "train.py").read_text(), (out_b / "train.py").read_text()
+    assert a != b
+    assert '"rb0": ("rb", "hierarchical", ("big", "wide")),' in b
+    assert (out_a / "launch.sh").read_text() == (out_b / "launch.sh").read_text()
+
+
+def _run_train(out: Path, *args: str, env: dict[str, str] | None = None):
+    full = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(out / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+    )
+
+
+def test_trainer_refuses_a_plan_json_it_was_not_generated_for(program, out_a, tmp_path):
+    other = _write(program, hand_plan(program, LAYOUT_A), tmp_path)
+    (other / "plan.json").write_text(dumps_plan(hand_plan(program, LAYOUT_B)))
+    r = _run_train(other, "--steps", "1")
+    assert r.returncode == 2, r.stderr
+    assert "does not match train.py: its clusters differ" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_trainer_refuses_a_wrong_world_size_and_a_missing_launcher(out_a):
+    r = _run_train(out_a, "--steps", "1", env={"WORLD_SIZE": "3", "RANK": "0"})
+    assert r.returncode == 2
+    assert "launched with 3 processes, but the plan has 4 ranks" in r.stderr
+    r = _run_train(out_a, "--steps", "1")
+    assert r.returncode == 2 and "launch with ./launch.sh" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--export-embeddings", "x.bin"], ".safetensors or .npz"),
+        (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
+        (["--resume"], "needs --checkpoint-dir"),
+        (["--steps", "-1"], "--steps must not be negative"),
+        (["--data", "/nonexistent/day_0"], "no such file"),
+    ],
+)
+def test_trainer_option_mistakes_are_reported_cleanly(out_a, args, message):
+    r = _run_train(out_a, *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_launch_sh_runs_torchrun_for_the_topology(out_a):
+    launch = out_a / "launch.sh"
+    assert os.access(launch, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(launch)]).returncode == 0
+    env = {**os.environ, "PYTHON": "echo"}
+    two = subprocess.run([str(launch), "--steps", "3"], env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr
+    assert "--nnodes 2 --nproc-per-node 2" in two.stdout
+    assert "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500" in two.stdout
+    assert two.stdout.rstrip().endswith("train.py --steps 3")
+    one = subprocess.run(
+        [str(launch)],
+        env={**env, "NNODES": "1", "NPROC_PER_NODE": "4"},
+        capture_output=True,
+        text=True,
+    )
+    assert "--standalone --nnodes 1" in one.stdout and "--nproc-per-node 4" in one.stdout
+    bad = subprocess.run(
+        [str(launch)], env={**env, "NPROC_PER_NODE": "3"}, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "the plan has 4 ranks" in bad.stderr
+
+
+def test_readme_explains_one_machine_and_a_cluster(out_a):
+    text = (out_a / "README.md").read_text()
+    assert "## One machine" in text and "## A cluster" in text
+    assert "| rb0 | rb (flat) | 2 | 4 | 4 |" in text
+    assert "MASTER_ADDR=" in text
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_is_a_user_error(program):
+    odd = program.model_copy(update={"model": program.model.model_copy(update={"batch_size": 66})})
+    plan = hand_plan(odd, LAYOUT_A)
+    with pytest.raises(EmbarkError, match="does not split evenly over 4 ranks"):
+        program_render_spec(odd, plan, "specs/hand.embark")
+
+
+def test_python_literals_are_spelled_exactly():
+    assert py(("a",)) == '("a",)'
+    assert py((1, (2, 3))) == "(1, (2, 3))"
+    assert py(1e-08) == "1e-08" and float(py(0.1)) == 0.1
+    assert py('q"\\') == '"q\\"\\\\"'
+    assert py(None) == "None" and py(True) == "True"
+    with pytest.raises(ValueError):
+        py(float("nan"))
