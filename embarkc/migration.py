@@ -284,9 +284,7 @@ def migration_cost(a: Plan, b: Plan) -> Migration:
             NodeFlow(src=s, dst=d, bytes=v)
             for (s, d), v in sorted(node_bytes.items(), key=lambda kv: (-kv[1], kv[0]))
         ),
-        by_table=tuple(
-            sorted((t for t in by_table if t.bytes), key=lambda t: (-t.bytes, t.table))
-        ),
+        by_table=tuple(sorted((t for t in by_table if t.bytes), key=lambda t: (-t.bytes, t.table))),
         by_rank=tuple(
             RankFlow(rank=r, sent=sent.get(r, 0), received=received.get(r, 0))
             for r in sorted(set(sent) | set(received))

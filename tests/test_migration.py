@@ -31,7 +31,9 @@ def _random_plan(rng: random.Random, tables: list[PlanTable], nodes: int, gpus: 
     for t in tables:
         kind = rng.choice(("dp", "rb", "ub", "rb"))
         if kind == "rb":
-            clusters.append(Cluster(name=f"c_{t.name}", kind="rb", communication="flat", tables=[t.name]))
+            clusters.append(
+                Cluster(name=f"c_{t.name}", kind="rb", communication="flat", tables=[t.name])
+            )
         else:
             clusters.append(Cluster(name=f"c_{t.name}", kind=kind, tables=[t.name]))
         if kind == "dp":
@@ -43,7 +45,11 @@ def _random_plan(rng: random.Random, tables: list[PlanTable], nodes: int, gpus: 
             for lo, hi in zip(bounds, bounds[1:], strict=False):
                 shards.append(
                     Shard(
-                        table=t.name, row_shard=j, row_shards=r, columns=(lo, hi), rank=rng.randrange(world)
+                        table=t.name,
+                        row_shard=j,
+                        row_shards=r,
+                        columns=(lo, hi),
+                        rank=rng.randrange(world),
                     )
                 )
     return Plan(
@@ -193,7 +199,9 @@ def test_dp_to_sharded_moves_nothing_and_sharded_to_dp_replicates():
 
 @pytest.mark.parametrize("pa", ["mod", "range"])
 @pytest.mark.parametrize("pb", ["mod", "range"])
-@pytest.mark.parametrize(("rows_a", "rows_b", "ra", "rb"), [(37, 37, 3, 4), (50, 41, 6, 4), (9, 20, 4, 9)])
+@pytest.mark.parametrize(
+    ("rows_a", "rows_b", "ra", "rb"), [(37, 37, 3, 4), (50, 41, 6, 4), (9, 20, 4, 9)]
+)
 def test_row_overlap_counts_each_common_row_once(pa, pb, rows_a, rows_b, ra, rb):
     n = min(rows_a, rows_b)
     m = row_overlap(n, pa, rows_a, ra, pb, rows_b, rb)
