@@ -1,0 +1,247 @@
+"""The planner: IR `Program` -> `embark_runtime.plan.Plan`.
+
+    plan_program(program, strategy=, solver=, time_limit=, seed=, progress=) -> Plan
+
+Stages (each a plain function): `clusters` (units, allowed kinds, starting kinds),
+`greedy` (EMBark's greedy placement and splitting), `cpsat` (OR-tools refinement of the
+greedy placement), `baselines` (fixed strategies for comparison); `cost.CostModel` costs
+any layout or plan. `build_plan` turns a layout into the plan file's model, with every
+float rounded to 9 significant digits so that the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from embark_runtime.plan import Plan, dumps_plan, validate_rules
+from embarkc.diagnostics import EmbarkError
+from embarkc.ir import Program
+from embarkc.planner.types import Layout
+
+__all__ = ["plan_program", "build_plan", "plan_to_json", "round9"]
+
+
+def round9(x: Any) -> Any:
+    """Round every float inside `x` to 9 significant digits (ints and others unchanged)."""
+    if isinstance(x, float):
+        return float(f"{x:.9g}")
+    if isinstance(x, dict):
+        return {k: round9(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [round9(v) for v in x]
+    return x
+
+
+def _strip_spans(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _strip_spans(v) for k, v in x.items() if k != "span"}
+    if isinstance(x, list | tuple):
+        return [_strip_spans(v) for v in x]
+    return x
+
+
+def _access(a: Any) -> dict[str, Any]:
+    if a.kind == "uniform":
+        return {"kind": "uniform"}
+    if a.kind == "zipf":
+        return {"kind": "zipf", "alpha": a.alpha, "permuted": a.permuted}
+    return {"kind": "histogram", "keys": list(a.keys), "counts": list(a.counts)}
+
+
+def build_plan(
+    program: Program,
+    layout: Layout,
+    planner: dict[str, Any],
+    estimate: dict[str, Any] | None = None,
+) -> Plan:
+    """The plan file of `layout` (estimate computed by the cost model unless given)."""
+    from embarkc.planner.cost import CostModel
+
+    topo = program.topology
+    if estimate is None:
+        estimate = CostModel(program).evaluate_layout(layout)
+    tables = []
+    for t in program.tables:
+        o = t.optimizer
+        tables.append(
+            {
+                "name": t.name,
+                "rows": t.rows,
+                "dim": t.dim,
+                "dtype": t.dtype,
+                "optimizer": o.kind,
+                "optimizer_params": {
+                    "lr": o.lr,
+                    "eps": o.eps,
+                    "initial_accumulator": o.initial_accumulator,
+                    "beta1": o.beta1,
+                    "beta2": o.beta2,
+                    "weight_decay": o.weight_decay,
+                },
+                "init": _strip_spans(t.init.model_dump()),
+            }
+        )
+    features = [
+        {
+            "name": f.name,
+            "table": f.table,
+            "hotness": f.hotness,
+            "pooling": f.pooling,
+            "access": _access(f.access),
+            "max_hotness": f.max_hotness,
+            "fixed": f.fixed,
+            "weighted": f.weighted,
+        }
+        for f in program.features
+    ]
+    order = {t.name: i for i, t in enumerate(program.tables)}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in sorted(layout, key=lambda n: order[n]):
+        p = layout[name]
+        key: tuple[str, str]
+        if p.kind == "dp":
+            key = ("dp", p.exchange)
+        elif p.kind == "rb":
+            key = ("rb", p.communication)
+        else:
+            key = ("ub", "")
+        groups.setdefault(key, []).append(name)
+    clusters: list[dict[str, Any]] = []
+    counters: dict[str, int] = {}
+    for key in sorted(groups, key=lambda k: (("dp", "rb", "ub").index(k[0]), k[1])):
+        kind, sub = key
+        i = counters.get(kind, 0)
+        counters[kind] = i + 1
+        c: dict[str, Any] = {"name": f"{kind}{i}", "kind": kind, "tables": groups[key]}
+        if kind == "rb":
+            c["communication"] = sub
+        if kind == "dp":
+            c["gradient_exchange"] = sub
+        clusters.append(c)
+    shards = []
+    for name in sorted(layout, key=lambda n: order[n]):
+        p = layout[name]
+        if p.kind == "dp":
+            continue
+        for j, lo, hi, rank in p.cell_list():
+            shards.append(
+                {
+                    "table": name,
+                    "row_shard": j,
+                    "row_shards": p.row_shards,
+                    "columns": [lo, hi],
+                    "rank": rank,
+                }
+            )
+    data = {
+        "format": "embark-plan",
+        "version": 1,
+        "source": {"spec": program.sources[0].path, "sha256": program.sources[0].sha256},
+        "topology": {
+            "nodes": topo.nodes,
+            "gpus_per_node": topo.gpus_per_node,
+            "hbm_bytes": topo.hbm_bytes,
+            "hbm_bandwidth": topo.hbm_bandwidth,
+            "intra_node_bandwidth": topo.intra_node_bandwidth,
+            "inter_node_bandwidth": topo.inter_node_bandwidth,
+            "arch": topo.arch,
+        },
+        "batch_size": program.batch_size,
+        "tables": tables,
+        "features": features,
+        "row_partition": program.options.row_partition,
+        "clusters": clusters,
+        "shards": shards,
+        "estimate": estimate,
+        "planner": planner,
+        "model": _strip_spans(program.model.model_dump(mode="json")),
+        "seed": program.options.seed,
+    }
+    plan = Plan.model_validate(round9(data))
+    validate_rules(plan, program.sources[0].path)
+    return plan
+
+
+def plan_to_json(plan: Plan) -> str:
+    """The deterministic text of a plan (same as `embark_runtime.plan.dumps_plan`)."""
+    return dumps_plan(plan)
+
+
+def plan_program(
+    program: Program,
+    *,
+    strategy: str | None = None,
+    solver: str | None = None,
+    time_limit: float | None = None,
+    seed: int | None = None,
+    progress: Callable[[str, float, float], None] | None = None,
+    baselines: bool = True,
+) -> Plan:
+    """Plan `program`; arguments left None come from `program.options`.
+
+    strategy "embark" runs the greedy search then `solver` ("cp-sat" refines the greedy
+    placement within `time_limit` seconds of deterministic solver time; "greedy" stops
+    after the greedy); "greedy" is the greedy alone; any other name of
+    `baselines.STRATEGIES` builds that fixed strategy. With `baselines`, the step time of
+    every fixed strategy (that fits) is recorded in `planner.baselines`.
+    The result passes `validate_rules`; the same program and arguments give the same
+    bytes from `dumps_plan`.
+    """
+    from embarkc.planner import baselines as bl
+    from embarkc.planner.cost import CostModel
+    from embarkc.planner.greedy import greedy
+
+    opts = program.options
+    strategy = strategy or opts.strategy
+    solver = solver or opts.solver
+    time_limit = opts.time_limit if time_limit is None else time_limit
+    seed = opts.seed if seed is None else seed
+    if strategy not in bl.STRATEGIES:
+        raise EmbarkError.at(
+            program.sources[0].path,
+            f"unknown strategy `{strategy}`",
+            hint=f"strategies: {', '.join(bl.STRATEGIES)}",
+        )
+    if solver not in ("greedy", "cp-sat"):
+        raise EmbarkError.at(
+            program.sources[0].path, f"unknown solver `{solver}`", hint="solvers: greedy, cp-sat"
+        )
+    cm = CostModel(program)
+    info: dict[str, Any] = {"strategy": strategy, "seed": seed}
+    if strategy in ("embark", "greedy"):
+        g = greedy(cm, progress=progress)
+        layout = g.layout
+        info.update(
+            solver="greedy",
+            status="greedy",
+            wall_time=0.0,
+            greedy_step_time=g.step_time,
+            objective=g.step_time,
+            bound=None,
+            message="greedy placement with critical-rank splitting",
+        )
+        if strategy == "embark" and solver == "cp-sat":
+            from embarkc.planner.cpsat import refine
+
+            r = refine(cm, g, time_limit=time_limit, seed=seed, progress=progress)
+            layout = r.layout
+            info.update(
+                solver="cp-sat",
+                status=r.status,
+                wall_time=r.deterministic_time,
+                objective=r.objective,
+                bound=r.bound,
+                message=r.message,
+            )
+        if baselines:
+            info["baselines"] = bl.baseline_times(cm)
+    else:
+        layout = bl.build_layout(cm, strategy)
+        info.update(
+            solver="none", status="baseline", wall_time=0.0, message=f"fixed strategy {strategy}"
+        )
+    estimate = cm.evaluate_layout(layout)
+    info.setdefault("objective", estimate["step_time"])
+    info = {k: v for k, v in info.items() if v is not None}
+    return build_plan(program, layout, info, estimate)

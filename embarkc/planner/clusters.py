@@ -1,0 +1,208 @@
+"""Cluster assignment: which kind (dp, rb, ub) and grid bounds each table may take.
+
+`Unit`s are what the search places: one table, or the tables of a `colocate` group, which
+share kind, grid and ranks. `allowed_kinds` and `grid_bounds` turn the spec's constraints
+into the search space; `initial_kinds` picks each unit's starting kind by the cost
+model (the kind with the least total work over all ranks), never by size thresholds;
+the search then revisits kinds as moves. `check_fits` raises the infeasibility error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from embarkc.diagnostics import EmbarkError
+from embarkc.planner.cost import CostModel, owner_seconds
+from embarkc.planner.types import Kind, column_widths
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Tables placed together: one table, or a colocate group (same kind, grid, ranks)."""
+
+    tables: tuple[str, ...]
+    kinds: tuple[Kind, ...]
+    """Kinds the constraints allow, in preference order for ties."""
+    min_r: int
+    max_r: int
+    min_c: int
+    max_c: int
+    within_node: bool
+
+    @property
+    def name(self) -> str:
+        return self.tables[0]
+
+
+def units_of(cm: CostModel) -> list[Unit]:
+    """The program's units in table declaration order, with their constraint bounds."""
+    prog = cm.program
+    group_of: dict[str, tuple[str, ...]] = {}
+    for col in prog.colocate:
+        members = tuple(sorted(set(col.tables), key=lambda n: cm.facts[n].index))
+        merged = set(members)
+        for n in members:
+            merged |= set(group_of.get(n, ()))
+        g = tuple(sorted(merged, key=lambda n: cm.facts[n].index))
+        for n in g:
+            group_of[n] = g
+    out: list[Unit] = []
+    seen: set[str] = set()
+    for t in prog.tables:
+        if t.name in seen:
+            continue
+        names = group_of.get(t.name, (t.name,))
+        seen.update(names)
+        kinds: set[str] = {"dp", "rb", "ub"}
+        min_r, max_r, min_c, max_c, within = 1, max(cm.W, 1) * 64, 1, 1 << 30, False
+        for n in names:
+            tab = prog.table_by_name[n]
+            c = prog.constraint_of.get(n)
+            max_c = min(max_c, max(1, tab.dim // 4))
+            if tab.optimizer.kind == "rowwise_adagrad":
+                max_c = 1
+            max_r = min(max_r, tab.rows)
+            if c is None:
+                continue
+            if c.cluster is not None:
+                kinds &= {c.cluster}
+            min_r = max(min_r, c.min_row_shards)
+            if c.max_row_shards is not None:
+                max_r = min(max_r, c.max_row_shards)
+            min_c = max(min_c, c.min_column_shards)
+            if c.max_column_shards is not None:
+                max_c = min(max_c, c.max_column_shards)
+            within = within or c.within_node
+        if not kinds:
+            raise EmbarkError.at(
+                prog.sources[0].path,
+                f"tables {', '.join(names)} are colocated but pinned to different clusters",
+            )
+        if min_r > max_r or min_c > max_c:
+            raise EmbarkError.at(
+                prog.sources[0].path,
+                f"the shard bounds of {', '.join(names)} contradict each other "
+                f"(rows {min_r}..{max_r}, columns {min_c}..{max_c} in multiples of 4)",
+            )
+        if "dp" in kinds and (min_r > 1 or min_c > 1):
+            kinds.discard("dp")
+        ordered = tuple(k for k in ("rb", "ub", "dp") if k in kinds)
+        out.append(Unit(names, ordered, min_r, max_r, min_c, max_c, within))  # type: ignore[arg-type]
+    return out
+
+
+def unit_bytes(cm: CostModel, u: Unit) -> float:
+    return float(sum(cm.program.table_by_name[n].bytes for n in u.tables))
+
+
+def sharded_total_seconds(cm: CostModel, u: Unit, kind: str, r: int, c: int) -> float:
+    """Total seconds (over all ranks) that the unit costs as kind rb/ub on an r x c grid."""
+    total = 0.0
+    for n in u.tables:
+        tf = cm.facts[n]
+        widths = column_widths(tf.dim, c)
+        offs = [sum(widths[:k]) for k in range(c)]
+        cells = tuple((j, offs[k], offs[k] + widths[k]) for j in range(r) for k in range(c))
+        cv = cm.cell_values(tf, kind, r, cells)
+        total += float(owner_seconds(cm, cv).sum()) + cm.W * cv.hbm_all / cm.bw_hbm
+    return total
+
+
+def dp_total_seconds(cm: CostModel, u: Unit) -> float:
+    total = 0.0
+    for n in u.tables:
+        tf = cm.facts[n]
+        dv = cm.dp_values(tf, cm.best_exchange(tf))
+        total += cm.W * (dv.hbm / cm.bw_hbm + dv.exchange_time)
+    return total
+
+
+def dp_bytes(cm: CostModel, u: Unit) -> float:
+    """Memory a dp unit puts on every rank (weights, state, buffers)."""
+    total = 0.0
+    for n in u.tables:
+        tf = cm.facts[n]
+        dv = cm.dp_values(tf, cm.best_exchange(tf))
+        total += dv.weights + dv.state + dv.buf
+    return total
+
+
+def initial_grid(cm: CostModel, u: Unit) -> tuple[int, int]:
+    """Smallest (rows, columns) grid within bounds whose cells take at most half a GPU."""
+    need = unit_bytes(cm, u) / (0.5 * cm.capacity)
+    r = max(u.min_r, min(u.max_r, math.ceil(need)))
+    return r, u.min_c
+
+
+def initial_kinds(cm: CostModel, units: list[Unit]) -> dict[str, str]:
+    """Each unit's starting kind: the allowed kind with the least total work.
+
+    dp is taken only while the replicated tables leave every rank room for its share of
+    the sharded ones (dp memory is paid on every rank).
+    """
+    choice: dict[str, str] = {}
+    dp_cands: list[tuple[float, int, Unit]] = []
+    sharded_bytes = 0.0
+    for i, u in enumerate(units):
+        r, c = initial_grid(cm, u)
+        costs: dict[str, float] = {
+            k: sharded_total_seconds(cm, u, k, r, c) for k in u.kinds if k != "dp"
+        }
+        best = min(costs, key=lambda k: (costs[k], u.kinds.index(k))) if costs else None
+        if "dp" in u.kinds:
+            dpc = dp_total_seconds(cm, u)
+            if best is None or dpc < costs[best]:
+                gain = (costs[best] - dpc) if best is not None else math.inf
+                dp_cands.append((-gain, i, u))
+        choice[u.name] = best or "dp"
+        sharded_bytes += unit_bytes(cm, u)
+    budget = cm.capacity - sharded_bytes / cm.W
+    used = 0.0
+    for _, _, u in sorted(dp_cands, key=lambda x: (x[0], x[1])):
+        b = dp_bytes(cm, u)
+        pinned = u.kinds == ("dp",)
+        if pinned or used + b + unit_bytes(cm, u) / cm.W <= budget * 0.9:
+            choice[u.name] = "dp"
+            used += b
+            budget += unit_bytes(cm, u) / cm.W
+    return choice
+
+
+def check_fits(cm: CostModel, units: list[Unit]) -> None:
+    """Raise EmbarkError when the tables cannot fit, saying what would make them fit."""
+    prog = cm.program
+    total = float(prog.embedding_bytes)
+    have = cm.capacity * cm.W
+    dp_pinned = sum(dp_bytes(cm, u) for u in units if u.kinds == ("dp",))
+    if dp_pinned > cm.capacity:
+        raise EmbarkError.at(
+            prog.sources[0].path,
+            f"the tables pinned to dp need {dp_pinned / GIB:.2f} GiB on every GPU, "
+            f"more than the {cm.capacity / GIB:.2f} GiB a GPU has for embeddings",
+            hint="shard some of them (cluster rb or ub) or lower memory_headroom",
+        )
+    if total <= have * 0.97:
+        return
+    weights = float(sum(t.rows * t.row_weight_bytes for t in prog.tables))
+    state = total - weights
+    gpus = math.ceil(total / (cm.capacity * 0.97))
+    nodes = math.ceil(gpus / cm.G)
+    fixes = [f"{nodes} nodes of {cm.G} GPUs ({gpus} GPUs) instead of {cm.nodes}"]
+    if any(t.dtype == "fp32" for t in prog.tables):
+        fixes.append(
+            f"fp16 weights (saves {sum(t.rows * t.dim * 2 for t in prog.tables if t.dtype == 'fp32') / GIB:.1f} GiB)"
+        )
+    if state > 0:
+        fixes.append(
+            f"an optimizer with less state (sgd or rowwise_adagrad; state is {state / GIB:.1f} GiB)"
+        )
+    raise EmbarkError.at(
+        prog.sources[0].path,
+        f"the embedding tables need {total / GIB:.1f} GiB ({weights / GIB:.1f} GiB of weights, "
+        f"{state / GIB:.1f} GiB of optimizer state), but {cm.W} GPUs x "
+        f"{cm.capacity / GIB:.1f} GiB hold only {have / GIB:.1f} GiB",
+        hint="it would fit with " + "; or ".join(fixes),
+    )

@@ -1,0 +1,800 @@
+"""The analytic cost model: per rank and per step, what a plan costs in time and memory.
+
+Everything here is an expected value over the spec's access distributions, computed from
+the IR's hardware numbers and the constants of `embarkc.planner.constants`. The bytes are
+those that docs/communication.md defines (the simulator counts the same bytes from
+sampled batches); this module turns them into seconds:
+
+* lookup: HBM bytes of the forward lookup and pooling, the backward and the optimizer
+  update (rows touched x (weights + state), read and written), over
+  `hbm_bandwidth * HBM_EFFICIENCY`, plus kernel launches;
+* distributor, nvlink, network: every all-to-all phase moves `max(sent, received)` bytes
+  through each link of a rank (links are full duplex, so the busier direction decides),
+  over the link's bandwidth times its efficiency, plus collective latencies; the
+  backward mirrors the forward (same bytes, opposite direction);
+* dp_exchange: the dp tables' gradient all-reduce (dense, a ring whose slowest hop
+  decides) or all-gather (sparse), whichever the plan says (the planner picks the
+  cheaper).
+
+A rank's estimate is the sum of its components; the step time is the largest rank's
+estimate (the collectives wait for the slowest rank). The dense MLP's compute and its
+gradient all-reduce are the same for every plan; they are reported separately
+(`dense_allreduce_time`) and are not part of the step time.
+
+Access statistics per row shard (share of lookups, expected distinct ids for n draws,
+sum_i 1 - (1 - p_i)^n) are exact for the head of a zipf distribution (the first
+`HEAD_RANKS` ranks, placed in their row shard through `embark_runtime.keys.permute` when
+the ids are permuted) and integrated for the tail. Features of one table with different
+access distributions are treated as independent streams (their distinct counts add,
+capped at the shard's rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from embark_runtime import keys as keymod
+from embark_runtime.plan import Plan
+from embarkc.ir import Program, Table
+from embarkc.planner import constants as K
+from embarkc.planner.types import Layout, Placement
+
+HEAD_RANKS = 1 << 16
+"""Zipf ranks whose probabilities are summed exactly; the rest is integrated."""
+
+_TAIL_POINTS = 257
+COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
+
+
+# --------------------------------------------------------------------------- access statistics
+
+
+def _distinct(p: np.ndarray, n: float) -> np.ndarray:
+    """1 - (1 - p)^n, elementwise, accurate for tiny p."""
+    return -np.expm1(n * np.log1p(-np.minimum(p, 1.0 - 1e-16)))
+
+
+def _zipf_tail_mass(lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
+    """Integral of t^-alpha over [lo, hi] (midpoint rule for ranks lo-0.5 .. hi-0.5)."""
+    if abs(alpha - 1.0) < 1e-12:
+        return np.log(hi) - np.log(lo)
+    return (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
+
+
+def _zipf_tail_distinct(
+    lo: np.ndarray, hi: np.ndarray, alpha: float, z: float, ns: tuple[float, ...]
+) -> np.ndarray:
+    """Integral over t in [lo, hi] of 1 - (1 - t^-alpha / z)^n, for each n: shape (len(ns), len(lo))."""
+    out = np.zeros((len(ns), len(lo)))
+    ok = hi > lo
+    if not ok.any():
+        return out
+    ulo, uhi = np.log(lo[ok]), np.log(hi[ok])
+    u = ulo[:, None] + (uhi - ulo)[:, None] * np.linspace(0.0, 1.0, _TAIL_POINTS)[None, :]
+    t = np.exp(u)
+    p = t ** (-alpha) / z
+    du = (uhi - ulo) / (_TAIL_POINTS - 1)
+    for i, n in enumerate(ns):
+        f = _distinct(p, n) * t
+        out[i, ok] = (f[:, :-1] + f[:, 1:]).sum(axis=1) * 0.5 * du
+    return out
+
+
+def shard_rows(rows: int, r: int, partition: str) -> np.ndarray:
+    """Rows held by each of `r` row shards."""
+    j = np.arange(r, dtype=np.int64)
+    if partition == "mod":
+        return (rows - j + r - 1) // r
+    block = -(-rows // r)
+    return np.clip(rows - j * block, 0, block)
+
+
+@lru_cache(maxsize=65536)
+def access_stats(
+    rows: int,
+    access: tuple[Any, ...],
+    r: int,
+    partition: str,
+    table_index: int,
+    ns: tuple[float, ...],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(q, d): share of lookups in each of `r` row shards, and expected distinct ids per
+    shard for each number of draws in `ns` (shape (len(ns), r)).
+
+    `access` is ("uniform",), ("zipf", alpha, permuted) or ("histogram", keys, counts).
+    """
+    rs = shard_rows(rows, r, partition).astype(np.float64)
+    kind = access[0]
+    sh: np.ndarray
+    q: np.ndarray
+    if kind == "uniform":
+        q = rs / rows
+        d = np.stack([rs * float(_distinct(np.array(1.0 / rows), n)) for n in ns])
+        return q, d
+    if kind == "histogram":
+        keys = np.asarray(access[1], dtype=np.int64)
+        counts = np.asarray(access[2], dtype=np.float64)
+        p = counts / counts.sum()
+        sh = keymod.row_shard_of(keys, rows, r, partition) if r > 1 else np.zeros_like(keys)
+        q = np.bincount(sh, p, minlength=r)
+        d = np.stack([np.bincount(sh, _distinct(p, n), minlength=r) for n in ns])
+        return q, d
+    alpha, permuted = float(access[1]), bool(access[2])
+    k = min(rows, HEAD_RANKS)
+    ranks = np.arange(k, dtype=np.int64)
+    w = (ranks + 1.0) ** (-alpha)
+    tail_lo, tail_hi = k + 0.5, rows + 0.5
+    tail_w = (
+        float(_zipf_tail_mass(np.array(tail_lo), np.array(tail_hi), alpha)) if rows > k else 0.0
+    )
+    z = float(w.sum()) + tail_w
+    p = w / z
+    if r == 1:
+        sh = np.zeros(k, dtype=np.int64)
+    else:
+        key = keymod.permute(ranks, rows, table_index) if permuted else ranks
+        sh = keymod.row_shard_of(key, rows, r, partition)
+    q = np.bincount(sh, p, minlength=r)
+    d = np.stack([np.bincount(sh, _distinct(p, n), minlength=r) for n in ns])
+    if rows > k:
+        if permuted or partition == "mod" or r == 1:
+            # the tail's keys are spread evenly over the shards' remaining rows
+            head = np.bincount(sh, minlength=r).astype(np.float64)
+            share = (rs - head) / (rows - k)
+            q = q + (tail_w / z) * share
+            td = _zipf_tail_distinct(np.array([tail_lo]), np.array([tail_hi]), alpha, z, ns)
+            d = d + td[:, :1] * share[None, :]
+        else:
+            # sorted ids in contiguous blocks: shard j holds ranks [j*block, (j+1)*block)
+            block = -(-rows // r)
+            j = np.arange(r)
+            lo = np.maximum(j * block, k) + 0.5
+            hi = np.minimum((j + 1) * block, rows) + 0.5
+            hi = np.maximum(hi, lo)
+            q = q + _zipf_tail_mass(lo, hi, alpha) / z
+            d = d + _zipf_tail_distinct(lo, hi, alpha, z, ns)
+    return q, np.minimum(d, rs[None, :])
+
+
+def access_key(access: Any) -> tuple[Any, ...]:
+    if access.kind == "uniform":
+        return ("uniform",)
+    if access.kind == "zipf":
+        return ("zipf", float(access.alpha), bool(access.permuted))
+    return ("histogram", tuple(access.keys), tuple(access.counts))
+
+
+# --------------------------------------------------------------------------- per table facts
+
+
+@dataclass
+class TableFacts:
+    """What the cost model needs of one table and the features that read it."""
+
+    name: str
+    index: int
+    rows: int
+    dim: int
+    elem: int
+    state_per_elem: int
+    """fp32 state elements per weight element (adagrad 1, adam 2)."""
+    state_per_row: int
+    """fp32 state elements per row, replicated on every column cell (rowwise_adagrad, adam)."""
+    groups: tuple[tuple[tuple[Any, ...], float], ...]
+    """(access key, ids per sample) for each distinct access distribution of its features."""
+    ids: float
+    """H: ids per sample over all features reading the table."""
+    outputs: float
+    """F: pooled vectors per sample (a concat feature of hotness h counts h)."""
+    bags: int
+    """features reading the table: one bag length per (sample, feature)."""
+    weighted_ids: float
+    optimizer: str
+
+    def cell_bytes(self, rows: float, width: int) -> tuple[float, float]:
+        """(weights, optimizer state) bytes of `rows` rows of `width` columns."""
+        weights = rows * width * self.elem
+        state = rows * (width * self.state_per_elem + self.state_per_row) * 4
+        return weights, state
+
+
+def table_facts(program: Program) -> dict[str, TableFacts]:
+    out: dict[str, TableFacts] = {}
+    for i, t in enumerate(program.tables):
+        feats = program.features_of[t.name]
+        groups: dict[tuple[Any, ...], float] = {}
+        outputs = 0.0
+        weighted = 0.0
+        for f in feats:
+            key = access_key(f.access)
+            groups[key] = groups.get(key, 0.0) + f.hotness
+            outputs += f.max_hotness if f.pooling == "concat" else 1
+            if f.weighted:
+                weighted += f.hotness
+        out[t.name] = TableFacts(
+            name=t.name,
+            index=i,
+            rows=t.rows,
+            dim=t.dim,
+            elem=t.element_bytes,
+            state_per_elem=_state_per_elem(t),
+            state_per_row=_state_per_row(t),
+            groups=tuple(groups.items()),
+            ids=sum(f.hotness for f in feats),
+            outputs=outputs,
+            bags=len(feats),
+            weighted_ids=weighted,
+            optimizer=t.optimizer.kind,
+        )
+    return out
+
+
+def _state_per_elem(t: Table) -> int:
+    return {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2}[t.optimizer.kind]
+
+
+def _state_per_row(t: Table) -> int:
+    return {"sgd": 0, "adagrad": 0, "rowwise_adagrad": 1, "adam": 1}[t.optimizer.kind]
+
+
+# --------------------------------------------------------------------------- cells
+
+
+@dataclass
+class CellValues:
+    """Per-cell costs of one table's cells, independent of where the cells are placed.
+
+    Arrays are indexed by cell (in `Placement` order, or the explicit order of a plan's
+    shards). Bytes per step unless said otherwise.
+    """
+
+    j: np.ndarray
+    lo: np.ndarray
+    width: np.ndarray
+    hbm_own: np.ndarray
+    """HBM bytes the owner moves for the cell (lookup, pooling, backward, update)."""
+    dist: np.ndarray
+    """Distributor bytes every other rank sends to the owner (deduplicated per (j, rank))."""
+    res: np.ndarray
+    """Forward bytes the owner sends to every other rank (the backward mirrors them)."""
+    weights: np.ndarray
+    state: np.ndarray
+    buf_own: np.ndarray
+    hbm_all: float
+    """HBM bytes every rank moves for the table as a requester (summing partials, ub pooling)."""
+    buf_all: float
+
+
+@dataclass
+class DpValues:
+    hbm: float
+    exchange_time: float
+    weights: float
+    state: float
+    buf: float
+    sent_intra: float
+    sent_inter: float
+
+
+class CostModel:
+    """The analytic cost model of one program on its topology.
+
+    `evaluate(plan)` costs any plan (a `Plan` from the planner, a baseline, or a file).
+    The search uses `RankState` directly to cost layouts incrementally.
+    """
+
+    def __init__(self, program: Program):
+        self.program = program
+        topo = program.topology
+        self.W = topo.world_size
+        self.G = topo.gpus_per_node
+        self.nodes = topo.nodes
+        self.B = float(program.batch_size)
+        self.b = self.B / self.W
+        self.partition = program.options.row_partition
+        self.bw_hbm = topo.hbm_bandwidth * K.HBM_EFFICIENCY
+        self.bw_intra = topo.intra_node_bandwidth * K.NVLINK_EFFICIENCY
+        self.bw_inter = topo.inter_node_bandwidth * K.NETWORK_EFFICIENCY
+        self.capacity = float(topo.hbm_bytes - program.options.memory_headroom)
+        self.facts = table_facts(program)
+        self.node_of = np.arange(self.W) // self.G
+        self.collective_latency = K.COLLECTIVE_LATENCY_SECONDS + (
+            K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0
+        )
+        self._cells: dict[tuple[Any, ...], CellValues] = {}
+        self._dp: dict[tuple[str, str], DpValues] = {}
+
+    # ------------------------------------------------------------------ statistics
+    def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(q, distinct per requester, distinct over the global batch) per row shard."""
+        q = np.zeros(r)
+        ul = np.zeros(r)
+        ug = np.zeros(r)
+        for key, h in tf.groups:
+            perm_index = tf.index if (key[0] == "zipf" and key[2] and r > 1) else 0
+            qg, d = access_stats(
+                tf.rows, key, r, self.partition, perm_index, (self.b * h, self.B * h)
+            )
+            q += qg * (h / tf.ids)
+            ul += d[0]
+            ug += d[1]
+        rs = shard_rows(tf.rows, r, self.partition)
+        return q, np.minimum(ul, rs), np.minimum(ug, rs)
+
+    # ------------------------------------------------------------------ cells
+    def cell_values(
+        self, tf: TableFacts, kind: str, r: int, cells: tuple[tuple[int, int, int], ...]
+    ) -> CellValues:
+        """Costs of the cells `(row_shard, lo, hi)` of a table split into `r` row shards."""
+        key = (tf.name, kind, r, cells)
+        hit = self._cells.get(key)
+        if hit is not None:
+            return hit
+        q, ul, ug = self.stats(tf, r)
+        rs = shard_rows(tf.rows, r, self.partition).astype(np.float64)
+        j = np.array([c[0] for c in cells], dtype=np.int64)
+        lo = np.array([c[1] for c in cells], dtype=np.int64)
+        w = np.array([c[2] - c[1] for c in cells], dtype=np.float64)
+        B, b, W = self.B, self.b, self.W
+        qj, ulj, ugj, rsj = q[j], ul[j], ug[j], rs[j]
+        row_access = np.maximum(w * tf.elem, K.SMALL_VECTOR_BYTES)
+        grad_access = np.maximum(w * K.WIRE_ELEMENT_BYTES, K.SMALL_VECTOR_BYTES)
+        weights, state = tf.cell_bytes(rsj, w)  # type: ignore[arg-type]
+        touched_row = 2.0 * (w * tf.elem + (w * tf.state_per_elem + tf.state_per_row) * 4)
+        vec = K.WIRE_ELEMENT_BYTES * w
+        if kind == "rb":
+            n = B * tf.ids * qj  # ids of the global batch that fall into the row shard
+            fwd = n * (K.KEY_BYTES + row_access) + B * tf.outputs * vec
+            bwd = B * tf.outputs * vec + n * (grad_access + 2 * K.KEY_BYTES) + ugj * touched_row
+            hbm_own = fwd + bwd
+            dist = b * tf.ids * qj * K.KEY_BYTES + b * tf.weighted_ids * qj * K.WEIGHT_BYTES
+            dist = dist + b * tf.bags * K.LENGTH_BYTES
+            res = b * tf.outputs * vec
+            hbm_all = float((b * tf.outputs * vec).sum())
+            buf_own = B * tf.outputs * vec + n * K.KEY_BYTES
+            buf_all = float((b * tf.outputs * vec).sum())
+        elif kind == "ub":
+            recv = W * ulj  # distinct ids received from all requesters (its own included)
+            fwd = recv * (K.KEY_BYTES + row_access + vec)
+            bwd = recv * (vec + K.KEY_BYTES) + ugj * touched_row + recv * 2 * K.KEY_BYTES
+            hbm_own = fwd + bwd
+            dist = ulj * K.KEY_BYTES
+            res = ulj * vec
+            occ = b * tf.ids * qj
+            # requester: dedup (hash) of its ids, pooling of the received vectors, and
+            # the backward scatter of pooled gradients into per-distinct-id gradients
+            per_req = occ * (4 * K.KEY_BYTES + 2 * grad_access) + ulj * vec * 2
+            hbm_all = float(per_req.sum()) + 2.0 * b * tf.outputs * K.WIRE_ELEMENT_BYTES * tf.dim
+            buf_own = recv * (K.KEY_BYTES + vec)
+            buf_all = float((ulj * (K.KEY_BYTES + vec)).sum()) + b * tf.outputs * 4 * tf.dim
+        else:
+            raise ValueError(kind)
+        cv = CellValues(
+            j=j,
+            lo=lo,
+            width=w,
+            hbm_own=hbm_own,
+            dist=dist,
+            res=res,
+            weights=np.asarray(weights, dtype=np.float64),
+            state=np.asarray(state, dtype=np.float64),
+            buf_own=buf_own,
+            hbm_all=hbm_all,
+            buf_all=buf_all,
+        )
+        self._cells[key] = cv
+        return cv
+
+    def grid_values(self, tf: TableFacts, p: Placement) -> CellValues:
+        offs = p.offsets()
+        cells = tuple(
+            (j, offs[k], offs[k] + p.widths[k])
+            for j in range(p.row_shards)
+            for k in range(len(p.widths))
+        )
+        return self.cell_values(tf, p.kind, p.row_shards, cells)
+
+    def dp_values(self, tf: TableFacts, exchange: str) -> DpValues:
+        key = (tf.name, exchange)
+        hit = self._dp.get(key)
+        if hit is not None:
+            return hit
+        W, G, b = self.W, self.G, self.b
+        _, ul, ug = self.stats(tf, 1)
+        u_loc, u_glob = float(ul[0]), float(ug[0])
+        dim = tf.dim
+        vec = K.WIRE_ELEMENT_BYTES * dim
+        row_access = max(dim * tf.elem, K.SMALL_VECTOR_BYTES)
+        grad_access = max(vec, K.SMALL_VECTOR_BYTES)
+        n = b * tf.ids
+        weights, state = tf.cell_bytes(tf.rows, dim)
+        touched_row = 2.0 * (dim * tf.elem + (dim * tf.state_per_elem + tf.state_per_row) * 4)
+        local = n * (K.KEY_BYTES + row_access) + 2 * b * tf.outputs * vec + n * grad_access
+        size = tf.rows * vec  # S, the dense gradient
+        sent_intra = sent_inter = 0.0
+        buf: float
+        if exchange == "dense":
+            # scatter into a zeroed dense gradient, then update every row
+            hbm = local + 2 * size + tf.rows * (touched_row + vec)
+            ring = 2.0 * (W - 1) / W * size
+            bw = self.bw_inter if self.nodes > 1 else self.bw_intra
+            t = ring / bw if W > 1 else 0.0
+            sent_intra = ring if self.nodes == 1 else ring * (G - 1) / G
+            sent_inter = 0.0 if self.nodes == 1 else ring / G
+            buf = size
+        else:
+            msg = u_loc * (K.KEY_BYTES + vec)
+            sent_intra = (G - 1) * msg
+            sent_inter = (W - G) * msg
+            t = sent_intra / self.bw_intra + sent_inter / self.bw_inter
+            hbm = local + W * msg + u_glob * touched_row + n * 2 * K.KEY_BYTES
+            buf = W * msg
+        dv = DpValues(
+            hbm=hbm,
+            exchange_time=t,
+            weights=weights,
+            state=state,
+            buf=buf + b * tf.outputs * vec,
+            sent_intra=sent_intra,
+            sent_inter=sent_inter,
+        )
+        self._dp[key] = dv
+        return dv
+
+    def best_exchange(self, tf: TableFacts) -> str:
+        """The dp gradient exchange with the smaller time per rank."""
+        if self.W == 1:
+            return "sparse"
+        d, s = self.dp_values(tf, "dense"), self.dp_values(tf, "sparse")
+        td = d.exchange_time + d.hbm / self.bw_hbm
+        ts = s.exchange_time + s.hbm / self.bw_hbm
+        return "dense" if td < ts else "sparse"
+
+    # ------------------------------------------------------------------ layouts
+    def state(self) -> RankState:
+        return RankState(self)
+
+    def layout_state(self, layout: Layout) -> RankState:
+        st = RankState(self)
+        for name in sorted(layout, key=lambda n: self.facts[n].index):
+            st.add_table(name, layout[name], 1.0)
+        return st
+
+    def evaluate_layout(self, layout: Layout) -> dict[str, Any]:
+        return self.layout_state(layout).estimate(layout)
+
+    def evaluate(self, plan: Plan) -> dict[str, Any]:
+        """The `estimate` of any plan of this program (see docs/plan.md)."""
+        return self.evaluate_layout(layout_of_plan(plan))
+
+    def step_time(self, layout: Layout) -> float:
+        return self.layout_state(layout).step_time()
+
+    def dense_allreduce_time(self) -> float:
+        """Ring all-reduce of the dense model's fp32 gradients (not part of the step time)."""
+        params = dense_parameters(self.program, sum(f.outputs for f in self.facts.values()))
+        if self.W == 1:
+            return 0.0
+        size = params * 4.0
+        bw = self.bw_inter if self.nodes > 1 else self.bw_intra
+        return 2.0 * (self.W - 1) / self.W * size / bw + self.collective_latency
+
+
+def dense_parameters(program: Program, pooled_vectors: float) -> int:
+    """Parameters of the bottom MLP, interaction and top MLP (weights and biases)."""
+    m = program.model
+    dims = [m.dense_features, *m.bottom_mlp]
+    params = sum(a * c + c for a, c in zip(dims, dims[1:], strict=False))
+    width = sum(t.dim for t in program.tables)  # concatenated pooled embeddings
+    bottom_out = dims[-1] if len(dims) > 1 else 0
+    x = width + bottom_out
+    if m.interaction.kind == "dcnv2":
+        params += m.interaction.layers * (2 * x * m.interaction.low_rank + x)
+        top_in = x
+    else:
+        vectors = int(pooled_vectors) + (1 if bottom_out else 0)
+        top_in = bottom_out + vectors * (vectors - 1) // 2
+    tops = [top_in, *m.top_mlp]
+    params += sum(a * c + c for a, c in zip(tops, tops[1:], strict=False))
+    return params
+
+
+# --------------------------------------------------------------------------- rank state
+
+
+@dataclass
+class RankState:
+    """Per-rank sums of a layout's costs, updated table by table (add, then subtract).
+
+    Only sums are kept, so adding and removing a table is O(its cells + nodes); the
+    per-rank times are derived from the sums in O(ranks).
+    """
+
+    cm: CostModel
+    hbm_own: np.ndarray = field(init=False)
+    dist_own: np.ndarray = field(init=False)
+    dist_node: np.ndarray = field(init=False)
+    res_sent_intra: np.ndarray = field(init=False)
+    res_sent_inter: np.ndarray = field(init=False)
+    res_sent_inter_node: np.ndarray = field(init=False)
+    res_recv_intra_node: np.ndarray = field(init=False)
+    res_recv_intra_sub: np.ndarray = field(init=False)
+    res_recv_inter_node_sub: np.ndarray = field(init=False)
+    weights: np.ndarray = field(init=False)
+    state_b: np.ndarray = field(init=False)
+    buf: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        W, N = self.cm.W, self.cm.nodes
+        for name in (
+            "hbm_own dist_own res_sent_intra res_sent_inter res_recv_intra_sub weights state_b buf"
+        ).split():
+            setattr(self, name, np.zeros(W))
+        for name in (
+            "dist_node res_sent_inter_node res_recv_intra_node res_recv_inter_node_sub"
+        ).split():
+            setattr(self, name, np.zeros(N))
+        self.hbm_all = 0.0
+        self.dist_tot = 0.0
+        self.res_recv_inter_tot = 0.0
+        self.dp_time = 0.0
+        self.all_weights = 0.0
+        self.all_state = 0.0
+        self.all_buf = 0.0
+        self.counts = {"rb_flat": 0, "rb_hier": 0, "ub": 0, "dp": 0}
+
+    # ------------------------------------------------------------------ updates
+    def add_table(self, name: str, p: Placement, sign: float) -> None:
+        """Add (sign 1) or remove (sign -1) the costs of table `name` placed as `p`."""
+        cm = self.cm
+        tf = cm.facts[name]
+        if p.kind == "dp":
+            dv = cm.dp_values(tf, p.exchange)
+            self.hbm_all += sign * dv.hbm
+            self.dp_time += sign * dv.exchange_time
+            self.all_weights += sign * dv.weights
+            self.all_state += sign * dv.state
+            self.all_buf += sign * dv.buf
+            self.counts["dp"] += int(sign)
+            return
+        cv = (
+            cm.grid_values(tf, p)
+            if p.cells_explicit is None
+            else cm.cell_values(
+                tf, p.kind, p.row_shards, tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
+            )
+        )
+        ranks = np.asarray(p.rank_list(), dtype=np.int64)
+        self.add_cells(
+            cv, ranks, sign, hierarchical=p.kind == "rb" and p.communication == "hierarchical"
+        )
+        key = (
+            "ub"
+            if p.kind == "ub"
+            else ("rb_hier" if p.communication == "hierarchical" else "rb_flat")
+        )
+        self.counts[key] += int(sign)
+
+    def add_cells(
+        self,
+        cv: CellValues,
+        ranks: np.ndarray,
+        sign: float,
+        hierarchical: bool = False,
+        idx: np.ndarray | None = None,
+        table_level: bool = True,
+    ) -> None:
+        """Add the cells `idx` (all when None) of `cv` on `ranks` (one per selected cell).
+
+        `table_level` adds the table-wide requester terms too; the distributor bytes are
+        deduplicated per (row shard, rank) within the selected cells.
+        """
+        cm = self.cm
+        W, G, nodes = cm.W, cm.G, cm.nodes
+        sel = slice(None) if idx is None else idx
+        j = cv.j[sel]
+        node = ranks // G
+        np.add.at(self.hbm_own, ranks, sign * cv.hbm_own[sel])
+        np.add.at(self.weights, ranks, sign * cv.weights[sel])
+        np.add.at(self.state_b, ranks, sign * cv.state[sel])
+        np.add.at(self.buf, ranks, sign * cv.buf_own[sel])
+        # distributor: once per distinct (row shard, owner rank)
+        pair = j * W + ranks
+        _, first = np.unique(pair, return_index=True)
+        d = cv.dist[sel][first]
+        dr = ranks[first]
+        np.add.at(self.dist_own, dr, sign * d)
+        np.add.at(self.dist_node, dr // G, sign * d)
+        self.dist_tot += sign * float(d.sum())
+        x = cv.res[sel]
+        if not hierarchical or nodes == 1:
+            np.add.at(self.res_sent_intra, ranks, sign * (G - 1) * x)
+            np.add.at(self.res_sent_inter, ranks, sign * (W - G) * x)
+            np.add.at(self.res_recv_intra_node, node, sign * x)
+            np.add.at(self.res_recv_intra_sub, ranks, sign * x)
+            self.res_recv_inter_tot += sign * float(x.sum())
+            np.add.at(self.res_recv_inter_node_sub, node, sign * x)
+        else:
+            np.add.at(self.res_sent_intra, ranks, sign * nodes * (G - 1) * x)
+            np.add.at(self.res_recv_intra_node, node, sign * nodes * x)
+            np.add.at(self.res_recv_intra_sub, ranks, sign * nodes * x)
+            # one summed vector per (column range, node) crosses the network per requester
+            lo = cv.lo[sel]
+            group = lo * nodes + node
+            _, gfirst = np.unique(group, return_index=True)
+            xg = x[gfirst]
+            gn = node[gfirst]
+            np.add.at(self.res_sent_inter_node, gn, sign * (nodes - 1) * xg)
+            self.res_recv_inter_tot += sign * float(xg.sum())
+            np.add.at(self.res_recv_inter_node_sub, gn, sign * xg)
+        if table_level:
+            self.hbm_all += sign * cv.hbm_all
+            self.all_buf += sign * cv.buf_all
+
+    # ------------------------------------------------------------------ results
+    def components(self) -> dict[str, np.ndarray]:
+        """Seconds per rank of every component."""
+        cm = self.cm
+        W, G = cm.W, cm.G
+        no = cm.node_of
+        c = self.counts
+        a2a = int(c["rb_flat"] > 0) + int(c["rb_hier"] > 0) + int(c["ub"] > 0)
+        launches = 3 * (a2a + int(c["dp"] > 0)) + 2 * int(c["ub"] > 0)
+        lookup = (self.hbm_own + self.hbm_all) / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
+        ds_i = self.dist_node[no] - self.dist_own
+        ds_n = self.dist_tot - self.dist_node[no]
+        dr_i = (G - 1) * self.dist_own
+        dr_n = (W - G) * self.dist_own
+        distributor = (
+            np.maximum(ds_i, dr_i) / cm.bw_intra
+            + np.maximum(ds_n, dr_n) / cm.bw_inter
+            + a2a * cm.collective_latency
+        )
+        rs_i = self.res_sent_intra
+        rr_i = self.res_recv_intra_node[no] - self.res_recv_intra_sub
+        rs_n = self.res_sent_inter + self.res_sent_inter_node[no]
+        rr_n = self.res_recv_inter_tot - self.res_recv_inter_node_sub[no]
+        res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0)) * cm.collective_latency
+        nvlink = 2.0 * np.maximum(rs_i, rr_i) / cm.bw_intra
+        network = 2.0 * np.maximum(rs_n, rr_n) / cm.bw_inter
+        if cm.nodes > 1:
+            network = network + res_lat
+        else:
+            nvlink = nvlink + res_lat
+        dp = np.full(W, self.dp_time + (cm.collective_latency if c["dp"] > 0 and W > 1 else 0.0))
+        out = {
+            "lookup": lookup,
+            "distributor": distributor,
+            "nvlink": nvlink,
+            "network": network,
+            "dp_exchange": dp,
+        }
+        return {k: np.maximum(v, 0.0) for k, v in out.items()}
+
+    def times(self) -> np.ndarray:
+        comp = self.components()
+        return sum(comp.values(), np.zeros(self.cm.W))  # type: ignore[no-any-return]
+
+    def step_time(self) -> float:
+        return float(self.times().max())
+
+    def memory(self) -> np.ndarray:
+        """Weights + optimizer state + buffers per rank."""
+        return (
+            self.weights
+            + self.state_b
+            + self.buf
+            + (self.all_weights + self.all_state + self.all_buf)
+        )
+
+    def estimate(self, layout: Layout) -> dict[str, Any]:
+        """The plan's `estimate` field (unrounded)."""
+        cm = self.cm
+        comp = self.components()
+        times = sum(comp.values(), np.zeros(cm.W))
+        crit = int(np.argmax(times))
+        per_rank = []
+        for r in range(cm.W):
+            w = float(self.weights[r] + self.all_weights)
+            s = float(self.state_b[r] + self.all_state)
+            bu = float(self.buf[r] + self.all_buf)
+            per_rank.append(
+                {
+                    "rank": r,
+                    "memory_bytes": int(round(w + s)),
+                    "time": float(times[r]),
+                    "components": {k: float(v[r]) for k, v in comp.items()},
+                    "memory": {
+                        "weights": int(round(w)),
+                        "optimizer_state": int(round(s)),
+                        "buffers": int(round(bu)),
+                    },
+                }
+            )
+        return {
+            "step_time": float(times[crit]),
+            "critical_rank": crit,
+            "components": {k: float(v[crit]) for k, v in comp.items()},
+            "per_rank": per_rank,
+            "per_table": per_table(cm, layout),
+            "dense_allreduce_time": cm.dense_allreduce_time(),
+        }
+
+
+def owner_seconds(cm: CostModel, cv: CellValues) -> np.ndarray:
+    """Seconds each cell puts on its owner (HBM work, receiving ids, sending results)."""
+    W, G = cm.W, cm.G
+    return (
+        cv.hbm_own / cm.bw_hbm
+        + (G - 1) * cv.dist / cm.bw_intra
+        + (W - G) * cv.dist / cm.bw_inter
+        + 2.0 * ((G - 1) * cv.res / cm.bw_intra + (W - G) * cv.res / cm.bw_inter)
+    )
+
+
+def per_table(cm: CostModel, layout: Layout) -> list[dict[str, Any]]:
+    """Per table: cluster kind, the seconds it puts on its busiest rank, memory, ranks."""
+    out = []
+    for name in sorted(layout, key=lambda n: cm.facts[n].index):
+        p = layout[name]
+        tf = cm.facts[name]
+        if p.kind == "dp":
+            dv = cm.dp_values(tf, p.exchange)
+            out.append(
+                {
+                    "table": name,
+                    "cluster": "dp",
+                    "time": dv.hbm / cm.bw_hbm + dv.exchange_time,
+                    "memory_bytes": int(round(dv.weights + dv.state)),
+                    "ranks": cm.W,
+                }
+            )
+            continue
+        cv = (
+            cm.grid_values(tf, p)
+            if p.cells_explicit is None
+            else cm.cell_values(
+                tf, p.kind, p.row_shards, tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
+            )
+        )
+        ranks = np.asarray(p.rank_list(), dtype=np.int64)
+        load = np.zeros(cm.W)
+        np.add.at(load, ranks, owner_seconds(cm, cv))
+        out.append(
+            {
+                "table": name,
+                "cluster": p.kind,
+                "time": float(load.max() + cv.hbm_all / cm.bw_hbm),
+                "memory_bytes": int(round(float(cv.weights.sum() + cv.state.sum()))),
+                "ranks": len(set(ranks.tolist())),
+            }
+        )
+    return out
+
+
+def layout_of_plan(plan: Plan) -> Layout:
+    """The Layout of a plan's clusters and shards (any valid plan, hand-written included)."""
+    layout: Layout = {}
+    by_table: dict[str, list[Any]] = {}
+    for s in plan.shards:
+        by_table.setdefault(s.table, []).append(s)
+    for c in plan.clusters:
+        for name in c.tables:
+            if c.kind == "dp":
+                layout[name] = Placement(kind="dp", exchange=c.gradient_exchange or "dense")
+                continue
+            cells = sorted(by_table.get(name, []), key=lambda s: (s.row_shard, s.columns[0]))
+            r = cells[0].row_shards
+            layout[name] = Placement(
+                kind=c.kind,
+                row_shards=r,
+                communication=c.communication or "flat",
+                cells_explicit=tuple(
+                    (s.row_shard, s.columns[0], s.columns[1], s.rank) for s in cells
+                ),
+            )
+    return layout
