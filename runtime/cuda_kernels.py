@@ -1,0 +1,759 @@
+"""The `Kernels` interface on CUDA tensors, with the kernels `embarkc compile` generated.
+
+`CudaKernels(kernel_dir)` reads `kernel_dir/manifest.json` (written by
+`embarkc.codegen.cuda.render_kernels`; this module never imports the compiler), compiles
+each kernel with NVRTC through cupy the first time it is needed (cached in memory by the
+sha256 of its source, and on disk by cupy's own kernel cache), and launches it on torch's
+current stream with the tensors' device pointers.
+
+The torch path (`embark_runtime.kernels.TorchKernels`) is the checked fallback:
+* a call the generated kernels cannot serve (no instantiation for that width / dtype /
+  pooling / optimizer, CPU tensors, int32 keys without an int32 kernel, too many row shards
+  for the bucketize kernel's shared memory) goes to the torch path, and the reason is
+  counted in `fallbacks`;
+* with `verify=True` (the default) the first call of every kernel entry is also computed
+  by the torch path and compared (exactly for permutations and copies, within a tolerance
+  for the dtype for arithmetic); a disagreement raises `KernelMismatchError` rather than
+  training on wrong numbers.
+
+`kernels_for(kernel_dir, device)` picks CudaKernels when CUDA, cupy and the kernels are
+there, and TorchKernels otherwise, with a sentence saying which and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from embark_runtime.kernels import Kernels, OptimizerParamsLike, TorchKernels, bag_of_ids
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "embark-kernels"
+SHARED_MEMORY_LIMIT = 48 * 1024
+"""Dynamic shared memory a kernel may use without opting in (bucketize's counters)."""
+
+TORCH_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+KEY_NAMES = {torch.int64: "int64", torch.int32: "int32"}
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.6e-2}
+"""Relative tolerance of the verification, by the dtype results are stored in."""
+
+
+class CudaUnavailable(RuntimeError):
+    """The CUDA kernels cannot be used here (no GPU, no cupy, no manifest)."""
+
+
+class KernelMismatchError(RuntimeError):
+    """A generated kernel disagrees with the torch path on the same inputs."""
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One instantiation of the manifest."""
+
+    name: str
+    family: str
+    file: str
+    entries: tuple[str, ...]
+    constants: Mapping[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.constants.get(key, default)
+
+
+class KernelIndex:
+    """The manifest's instantiations, looked up by what a call needs (no CUDA involved)."""
+
+    def __init__(self, manifest: Mapping[str, Any], where: str = MANIFEST):
+        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != 1:
+            raise CudaUnavailable(
+                f"{where}: not an embark-kernels version 1 manifest; recompile the spec "
+                "with this embarkc"
+            )
+        self.arch: str = str(manifest.get("arch", ""))
+        self.kernels: list[KernelInfo] = [
+            KernelInfo(k["name"], k["family"], k["file"], tuple(k["entries"]), k["constants"])
+            for k in manifest.get("kernels", [])
+        ]
+
+    def _match(self, family: str, **want: Any) -> list[KernelInfo]:
+        return [
+            k
+            for k in self.kernels
+            if k.family == family and all(k.get(name) == v for name, v in want.items())
+        ]
+
+    def forward(
+        self, width: int, dtype: str, pooling: str, weighted: bool, key: str, mean_hotness: float
+    ) -> KernelInfo | None:
+        """The forward kernel for these bags. Any sum/mean instantiation is correct (its
+        hotness only sets the loads in flight): take the one closest to the bags' mean
+        length. A concat kernel must match the bag size exactly."""
+        found = self._match(
+            "pooled_forward", width=width, dtype=dtype, pooling=pooling, weighted=weighted, key=key
+        )
+        if pooling == "concat":
+            exact = [k for k in found if k.get("hotness") == round(mean_hotness)]
+            return exact[0] if exact else None
+        if not found:
+            return None
+        return min(found, key=lambda k: (abs(k.get("hotness") - mean_hotness), -k.get("hotness")))
+
+    def backward(
+        self,
+        width: int,
+        dtype: str,
+        pooling: str,
+        weighted: bool,
+        key: str,
+        optimizer: str,
+        hotness: int = 0,
+    ) -> KernelInfo | None:
+        found = self._match(
+            "backward_update",
+            width=width,
+            dtype=dtype,
+            pooling=pooling,
+            weighted=weighted,
+            key=key,
+            optimizer=optimizer,
+            hotness=hotness if pooling == "concat" else 0,
+        )
+        return found[0] if found else None
+
+    def update(self, width: int, dtype: str, optimizer: str, key: str) -> KernelInfo | None:
+        found = self._match("sparse_update", width=width, dtype=dtype, optimizer=optimizer, key=key)
+        return found[0] if found else None
+
+    def pack(self, width: int, dtype: str, key: str) -> KernelInfo | None:
+        found = self._match("pack", width=width, dtype=dtype, key=key)
+        return found[0] if found else None
+
+    def dedup(self, key: str) -> KernelInfo | None:
+        found = self._match("dedup", key=key)
+        return found[0] if found else None
+
+    def bucketize(self, key: str, partition: str) -> KernelInfo | None:
+        found = self._match("bucketize", key=key, partition=partition)
+        return found[0] if found else None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Fallback(Exception):
+    """Internal: this call goes to the torch path, for the reason given."""
+
+
+def _close(actual: Tensor, expected: Tensor, rtol: float) -> tuple[bool, float]:
+    if actual.shape != expected.shape:
+        return False, math.inf
+    if actual.numel() == 0:
+        return True, 0.0
+    a, e = actual.double(), expected.double()
+    err = (a - e).abs()
+    scale = e.abs().max().item() + 1e-30
+    bound = rtol * (e.abs() + 1e-3 * scale)
+    return bool((err <= bound).all()), float(err.max().item())
+
+
+class CudaKernels:
+    """`Kernels` backed by the generated CUDA kernels; see the module docstring.
+
+    kernel_dir: the `kernels/` folder of `embarkc compile`'s output (with manifest.json);
+    sources: alternatively, the rendered files in memory ({"kernels/<name>.cu": text,
+    "kernels/manifest.json": text}, as `render_kernels` returns them);
+    device: the CUDA device (default: the current one);
+    fallback: the torch implementation used for what the kernels do not cover;
+    verify: check the first call of every kernel entry against the fallback.
+    """
+
+    name = "cuda"
+
+    def __init__(
+        self,
+        kernel_dir: str | Path | None = None,
+        *,
+        sources: Mapping[str, str] | None = None,
+        device: torch.device | str | int | None = None,
+        fallback: Kernels | None = None,
+        verify: bool = True,
+    ):
+        if (kernel_dir is None) == (sources is None):
+            raise ValueError("give exactly one of kernel_dir and sources")
+        self._sources: dict[str, str] = {}
+        self._dir: Path | None = None
+        if sources is not None:
+            self._sources = {str(k).removeprefix("kernels/"): v for k, v in sources.items()}
+            where = "kernels/manifest.json (in memory)"
+        else:
+            d = Path(kernel_dir)  # type: ignore[arg-type]
+            if not (d / MANIFEST).is_file():
+                raise CudaUnavailable(f"{d / MANIFEST}: no kernel manifest (run embarkc compile)")
+            self._dir = d
+            where = str(d / MANIFEST)
+        text = self._read(MANIFEST, where)
+        try:
+            manifest = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CudaUnavailable(f"{where}: not valid JSON ({e})") from None
+        self.index = KernelIndex(manifest, where)
+        if not torch.cuda.is_available():
+            raise CudaUnavailable("no CUDA device is available to torch")
+        try:
+            import cupy
+        except ImportError as e:
+            raise CudaUnavailable(
+                f"cupy is not installed ({e}); install cupy-cuda12x or cupy-cuda13x"
+            ) from None
+        self._cupy = cupy
+        if device is None:
+            device = torch.cuda.current_device()
+        self.device = (
+            torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        )
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        major, minor = torch.cuda.get_device_capability(self.device)
+        if major < 8:
+            raise CudaUnavailable(
+                f"the generated kernels need compute capability 8.0 or newer; "
+                f"{torch.cuda.get_device_name(self.device)} has {major}.{minor}"
+            )
+        self.fallback: Kernels = fallback if fallback is not None else TorchKernels()
+        self.verify = verify
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[str, Any] = {}
+        self._verified: set[str] = set()
+        self.calls: Counter[str] = Counter()
+        self.fallbacks: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ plumbing
+    def _read(self, rel: str, where: str | None = None) -> str:
+        rel = rel.removeprefix("kernels/")
+        if self._dir is None:
+            if rel not in self._sources:
+                raise CudaUnavailable(f"{where or rel}: missing from the kernel sources")
+            return self._sources[rel]
+        try:
+            return (self._dir / rel).read_text()
+        except OSError as e:
+            raise CudaUnavailable(f"{self._dir / rel}: cannot read ({e.strerror})") from None
+
+    def _function(self, info: KernelInfo, entry: str) -> Any:
+        fn = self._functions.get(entry)
+        if fn is not None:
+            return fn
+        source = self._read(info.file)
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        module = self._modules.get(digest)
+        if module is None:
+            with self._cupy.cuda.Device(self.device.index):
+                # cupy adds -arch for the present device and caches the binary on disk
+                module = self._cupy.RawModule(code=source, options=("--std=c++17",))
+                module.compile()
+            self._modules[digest] = module
+        fn = module.get_function(entry)
+        self._functions[entry] = fn
+        return fn
+
+    def _launch(
+        self, info: KernelInfo, entry: str, items: int, args: list[Any], shared: int = 0
+    ) -> None:
+        """Launch `entry` over `items` groups (GROUP threads each, BLOCK per block)."""
+        import numpy as np
+
+        group = int(info.get("group", 1))
+        block = int(info.get("block", 256))
+        grid = _ceil_div(items * group, block)
+        if grid == 0:
+            return
+        packed = []
+        for a in args:
+            if isinstance(a, Tensor):
+                packed.append(np.uint64(a.data_ptr()))
+            elif a is None:
+                packed.append(np.uint64(0))
+            elif isinstance(a, bool):
+                raise TypeError("no bool kernel arguments")
+            elif isinstance(a, int):
+                packed.append(np.int64(a))
+            else:
+                packed.append(np.float32(a))
+        fn = self._function(info, entry)
+        stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
+        with self._cupy.cuda.Device(self.device.index), stream:
+            fn((grid,), (block,), tuple(packed), shared_mem=shared)
+        self.calls[entry] += 1
+
+    def _on_device(self, *tensors: Tensor | None) -> None:
+        for t in tensors:
+            if t is not None and (t.device.type != "cuda" or t.device != self.device):
+                raise _Fallback(f"tensor on {t.device}, kernels on {self.device}")
+
+    @staticmethod
+    def _aligned(*tensors: Tensor) -> None:
+        for t in tensors:
+            if not t.is_contiguous():
+                raise _Fallback("a non-contiguous tensor")
+            if t.data_ptr() % 16:
+                raise _Fallback("a tensor not aligned to 16 bytes")
+
+    def _dtype(self, t: Tensor) -> str:
+        name = TORCH_DTYPE_NAMES.get(t.dtype)
+        if name is None:
+            raise _Fallback(f"dtype {t.dtype}")
+        return name
+
+    @staticmethod
+    def _key(t: Tensor) -> str:
+        name = KEY_NAMES.get(t.dtype)
+        if name is None:
+            raise _Fallback(f"index dtype {t.dtype}")
+        return name
+
+    def _fall(self, what: str, reason: str) -> None:
+        self.fallbacks[f"{what}: {reason}"] += 1
+
+    def _check(self, entry: str, actual: Tensor, expected: Tensor, rtol: float | None) -> None:
+        if rtol is None:
+            ok = actual.shape == expected.shape and bool(torch.equal(actual, expected))
+            err = 0.0 if ok else math.inf
+        else:
+            ok, err = _close(actual, expected, rtol)
+        if not ok:
+            raise KernelMismatchError(
+                f"generated kernel {entry} disagrees with the torch path (largest difference "
+                f"{err:.3g}); train with embark_runtime.kernels.TorchKernels and report this "
+                "as a bug in embarkc's CUDA templates"
+            )
+
+    def _first(self, entry: str) -> bool:
+        """True (once per entry) when this call should be verified."""
+        if not self.verify or entry in self._verified:
+            return False
+        self._verified.add(entry)
+        return True
+
+    # ------------------------------------------------------------------ Kernels
+    def pooled_forward(
+        self,
+        weight: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+    ) -> Tensor:
+        """As `Kernels.pooled_forward`; also accepts mode "concat" (every bag holds exactly
+        `hotness` ids; result [B, hotness * w], the bags' rows side by side)."""
+        try:
+            self._on_device(weight, rows, offsets, per_id_weights)
+            bags = offsets.numel() - 1
+            nnz = rows.numel()
+            mean_hotness = nnz / bags if bags > 0 else 1.0
+            dtype = self._dtype(weight)
+            info = self.index.forward(
+                weight.shape[1],
+                dtype,
+                mode,
+                per_id_weights is not None,
+                self._key(rows),
+                mean_hotness,
+            )
+            if info is None:
+                raise _Fallback(f"no forward kernel for width {weight.shape[1]} {dtype} {mode}")
+            rows_c, offsets_c = rows.contiguous(), offsets.contiguous().long()
+            pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
+            self._aligned(weight)
+        except _Fallback as f:
+            self._fall("pooled_forward", str(f))
+            return self._torch_forward(weight, rows, offsets, per_id_weights, mode)
+        out_width = weight.shape[1] * (info.get("hotness") if mode == "concat" else 1)
+        out = torch.empty(bags, out_width, dtype=torch.float32, device=weight.device)
+        entry = info.entries[0]
+        self._launch(info, entry, bags, [weight, rows_c, offsets_c, pw, out, bags])
+        if self._first(entry):
+            expected = self._torch_forward(weight, rows, offsets, per_id_weights, mode)
+            self._check(entry, out, expected, TOLERANCE["fp32"])
+        return out
+
+    def _torch_forward(self, weight, rows, offsets, per_id_weights, mode) -> Tensor:
+        if mode != "concat":
+            return self.fallback.pooled_forward(weight, rows, offsets, per_id_weights, mode)
+        bags = offsets.numel() - 1
+        ones = torch.arange(rows.numel() + 1, device=offsets.device)
+        flat = self.fallback.pooled_forward(weight, rows, ones, per_id_weights, "sum")
+        return flat.reshape(bags, -1)
+
+    def _segments(self, rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(distinct rows ascending, segment bounds [U+1], occurrences sorted by row)."""
+        sorted_rows, sorted_occ = torch.sort(rows, stable=True)
+        unique, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+        if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= num_rows):
+            raise IndexError(f"row index outside [0, {num_rows})")
+        seg = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
+        torch.cumsum(counts, 0, out=seg[1:])
+        return unique, seg, sorted_occ
+
+    def pooled_backward(
+        self,
+        grad_out: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+        num_rows: int,
+    ) -> tuple[Tensor, Tensor]:
+        try:
+            self._on_device(grad_out, rows, offsets, per_id_weights)
+            if grad_out.dtype != torch.float32:
+                raise _Fallback(f"gradient dtype {grad_out.dtype}")
+            info = self.index.backward(
+                grad_out.shape[1],
+                "fp32",
+                mode,
+                per_id_weights is not None,
+                self._key(rows),
+                "none",
+            )
+            if info is None:
+                raise _Fallback(f"no backward kernel for width {grad_out.shape[1]} {mode}")
+            grad = grad_out.contiguous()
+            self._aligned(grad)
+        except _Fallback as f:
+            self._fall("pooled_backward", str(f))
+            return self.fallback.pooled_backward(
+                grad_out, rows, offsets, per_id_weights, mode, num_rows
+            )
+        offsets_c = offsets.contiguous().long()
+        unique, seg, sorted_occ = self._segments(rows.contiguous(), num_rows)
+        occ_bag = bag_of_ids(offsets_c, rows.numel())
+        pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
+        row_grads = torch.empty(
+            unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
+        )
+        uniq_k = unique.to(rows.dtype)
+        entry = info.entries[0]
+        self._launch(
+            info,
+            entry,
+            unique.numel(),
+            [grad, offsets_c, pw, occ_bag, sorted_occ, seg, uniq_k, unique.numel(), row_grads],
+        )
+        if self._first(entry):
+            exp_rows, exp_grads = self.fallback.pooled_backward(
+                grad_out, rows, offsets, per_id_weights, mode, num_rows
+            )
+            self._check(entry, unique, exp_rows.to(unique.dtype), None)
+            self._check(entry, row_grads, exp_grads, TOLERANCE["fp32"])
+        return unique, row_grads
+
+    def _state_args(self, weight: Tensor, state: dict[str, Tensor], optimizer: str) -> list[Any]:
+        names = {
+            "sgd": (),
+            "adagrad": ("sum",),
+            "rowwise_adagrad": ("sum",),
+            "adam": ("m", "v", "step"),
+        }.get(optimizer)
+        if names is None:
+            raise ValueError(f"unknown optimizer {optimizer!r}")
+        tensors = []
+        for n in names:
+            t = state.get(n)
+            if t is None:
+                raise ValueError(f"{optimizer} state has no {n!r} tensor")
+            if t.dtype != torch.float32:
+                raise _Fallback(f"{optimizer} state {n!r} is {t.dtype}, not float32")
+            self._on_device(t)
+            self._aligned(t)
+            tensors.append(t)
+        return (tensors + [None, None, None])[:3]
+
+    def _snapshot(self, weight, state, rows) -> tuple[Tensor, dict[str, Tensor]]:
+        return weight.index_select(0, rows), {k: v.index_select(0, rows) for k, v in state.items()}
+
+    def _verify_update(self, entry, before, weight, state, rows, grads, optimizer, params):
+        w0, s0 = before
+        local = torch.arange(rows.numel(), device=rows.device)
+        self.fallback.sparse_update(w0, s0, local, grads, optimizer, params)
+        rtol = TOLERANCE[self._dtype(weight)]
+        self._check(entry, weight.index_select(0, rows).float(), w0.float(), rtol)
+        for k, v in state.items():
+            self._check(entry, v.index_select(0, rows), s0[k], TOLERANCE["fp32"])
+
+    def sparse_update(
+        self,
+        weight: Tensor,
+        state: dict[str, Tensor],
+        unique_rows: Tensor,
+        row_grads: Tensor,
+        optimizer: str,
+        params: OptimizerParamsLike,
+    ) -> None:
+        if unique_rows.numel() == 0:
+            return
+        try:
+            self._on_device(weight, unique_rows, row_grads)
+            info = self.index.update(
+                weight.shape[1], self._dtype(weight), optimizer, self._key(unique_rows)
+            )
+            if info is None:
+                raise _Fallback(f"no {optimizer} update kernel for width {weight.shape[1]}")
+            grads = row_grads.contiguous().float()
+            self._aligned(weight, grads)
+            states = self._state_args(weight, state, optimizer)
+        except _Fallback as f:
+            self._fall("sparse_update", str(f))
+            self.fallback.sparse_update(weight, state, unique_rows, row_grads, optimizer, params)
+            return
+        entry = info.entries[0]
+        rows_c = unique_rows.contiguous()
+        check = self._first(entry)
+        before = self._snapshot(weight, state, rows_c) if check else None
+        self._launch(
+            info,
+            entry,
+            rows_c.numel(),
+            [weight, *states, rows_c, grads, rows_c.numel(), *_opt_args(params)],
+        )
+        if before is not None:
+            self._verify_update(entry, before, weight, state, rows_c, grads, optimizer, params)
+
+    def pooled_backward_update(
+        self,
+        weight: Tensor,
+        state: dict[str, Tensor],
+        grad_out: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+        optimizer: str,
+        params: OptimizerParamsLike,
+    ) -> None:
+        """pooled_backward followed by sparse_update, fused into one kernel: the gradient of
+        each distinct row is summed in registers and applied at once (extension of Kernels;
+        the torch path runs the two steps)."""
+        try:
+            self._on_device(weight, grad_out, rows, offsets, per_id_weights)
+            if grad_out.dtype != torch.float32:
+                raise _Fallback(f"gradient dtype {grad_out.dtype}")
+            info = self.index.backward(
+                weight.shape[1],
+                self._dtype(weight),
+                mode,
+                per_id_weights is not None,
+                self._key(rows),
+                optimizer,
+            )
+            if info is None or grad_out.shape[1] != weight.shape[1]:
+                raise _Fallback(f"no fused {optimizer} kernel for width {weight.shape[1]} {mode}")
+            grad = grad_out.contiguous()
+            self._aligned(weight, grad)
+            states = self._state_args(weight, state, optimizer)
+        except _Fallback as f:
+            self._fall("pooled_backward_update", str(f))
+            unique, grads = self.pooled_backward(
+                grad_out, rows, offsets, per_id_weights, mode, weight.shape[0]
+            )
+            self.sparse_update(weight, state, unique, grads, optimizer, params)
+            return
+        offsets_c = offsets.contiguous().long()
+        unique, seg, sorted_occ = self._segments(rows.contiguous(), weight.shape[0])
+        occ_bag = bag_of_ids(offsets_c, rows.numel())
+        pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
+        entry = info.entries[0]
+        check = self._first(entry)
+        before = self._snapshot(weight, state, unique) if check else None
+        self._launch(
+            info,
+            entry,
+            unique.numel(),
+            [
+                grad,
+                offsets_c,
+                pw,
+                occ_bag,
+                sorted_occ,
+                seg,
+                unique.to(rows.dtype),
+                unique.numel(),
+                weight,
+                *states,
+                *_opt_args(params),
+            ],
+        )
+        if before is not None:
+            _, grads = self.fallback.pooled_backward(
+                grad_out, rows, offsets, per_id_weights, mode, weight.shape[0]
+            )
+            self._verify_update(entry, before, weight, state, unique, grads, optimizer, params)
+
+    def dedup(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        try:
+            self._on_device(keys)
+            info = self.index.dedup(self._key(keys))
+            if info is None:
+                raise _Fallback(f"no dedup kernel for {keys.dtype} keys")
+        except _Fallback as f:
+            self._fall("dedup", str(f))
+            return self.fallback.dedup(keys)
+        keys_c = keys.contiguous()
+        n = keys_c.numel()
+        if n == 0:
+            return keys_c.clone(), torch.empty(0, dtype=torch.int64, device=keys.device)
+        capacity = 1 << max(6, (2 * n - 1).bit_length())
+        table = torch.full((capacity,), -1, dtype=torch.int64, device=keys.device)
+        slot_of = torch.empty(n, dtype=torch.int64, device=keys.device)
+        negative = (keys_c < 0).any()
+        insert, inverse_entry = info.entries
+        self._launch(info, insert, n, [keys_c, n, table, capacity - 1, slot_of])
+        occupied = torch.nonzero(table != -1).squeeze(1)
+        if bool(negative):
+            raise ValueError("dedup: keys must be non-negative")
+        unique, order = torch.sort(table[occupied])
+        slot_rank = torch.empty(capacity, dtype=torch.int64, device=keys.device)
+        slot_rank[occupied[order]] = torch.arange(unique.numel(), device=keys.device)
+        inverse = torch.empty(n, dtype=torch.int64, device=keys.device)
+        self._launch(info, inverse_entry, n, [slot_of, slot_rank, n, inverse])
+        unique = unique.to(keys.dtype)
+        if self._first(insert):
+            exp_u, exp_inv = self.fallback.dedup(keys)
+            self._check(insert, unique, exp_u, None)
+            self._check(inverse_entry, inverse, exp_inv.to(torch.int64), None)
+        return unique, inverse
+
+    def bucketize(
+        self, keys: Tensor, rows: int, row_shards: int, partition: str
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        try:
+            self._on_device(keys)
+            info = self.index.bucketize(self._key(keys), partition)
+            if info is None:
+                raise _Fallback(f"no bucketize kernel for {keys.dtype} keys, {partition}")
+            warps = int(info.get("block", 256)) // 32
+            shared = warps * row_shards * 4
+            if shared > SHARED_MEMORY_LIMIT:
+                raise _Fallback(f"{row_shards} row shards exceed the kernel's shared memory")
+        except _Fallback as f:
+            self._fall("bucketize", str(f))
+            return self.fallback.bucketize(keys, rows, row_shards, partition)
+        keys_c = keys.contiguous()
+        n = keys_c.numel()
+        dev = keys.device
+        if n == 0:
+            empty = torch.empty(0, dtype=torch.int64, device=dev)
+            return empty, torch.zeros(row_shards, dtype=torch.int64, device=dev), empty.clone()
+        count, scatter = info.entries
+        blocks = _ceil_div(n, int(info.get("block", 256)))
+        block_counts = torch.empty(row_shards * blocks, dtype=torch.int64, device=dev)
+        bad = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._launch(
+            info, count, n, [keys_c, n, rows, row_shards, block_counts, bad], shared=shared
+        )
+        base = torch.cumsum(block_counts, 0) - block_counts
+        counts = block_counts.view(row_shards, blocks).sum(1)
+        if int(bad.item()):
+            raise ValueError(f"bucketize: {int(bad.item())} keys outside [0, {rows}) of the table")
+        order = torch.empty(n, dtype=torch.int64, device=dev)
+        local = torch.empty(n, dtype=torch.int64, device=dev)
+        self._launch(
+            info, scatter, n, [keys_c, n, rows, row_shards, base, order, local], shared=shared
+        )
+        if self._first(count):
+            e_order, e_counts, e_local = self.fallback.bucketize(keys, rows, row_shards, partition)
+            self._check(count, counts, e_counts.to(torch.int64), None)
+            self._check(scatter, order, e_order.to(torch.int64), None)
+            self._check(scatter, local, e_local.to(torch.int64), None)
+        return order, counts, local.to(keys.dtype) if keys.dtype != torch.int64 else local
+
+    def gather_rows(self, src: Tensor, index: Tensor) -> Tensor:
+        try:
+            self._on_device(src, index)
+            info = self.index.pack(src.shape[1], self._dtype(src), self._key(index))
+            if info is None:
+                raise _Fallback(f"no pack kernel for width {src.shape[1]} {src.dtype}")
+            self._aligned(src)
+        except _Fallback as f:
+            self._fall("gather_rows", str(f))
+            return self.fallback.gather_rows(src, index)
+        index_c = index.contiguous()
+        out = torch.empty(index_c.numel(), src.shape[1], dtype=src.dtype, device=src.device)
+        entry = info.entries[0]
+        self._launch(info, entry, index_c.numel(), [src, index_c, out, index_c.numel()])
+        if self._first(entry):
+            self._check(entry, out, self.fallback.gather_rows(src, index), None)
+        return out
+
+    def scatter_add_rows(self, dst: Tensor, index: Tensor, src: Tensor) -> None:
+        try:
+            self._on_device(dst, index, src)
+            if dst.dtype != torch.float32:
+                raise _Fallback(f"scatter-add into {dst.dtype}")
+            info = self.index.pack(dst.shape[1], "fp32", self._key(index))
+            if info is None or len(info.entries) < 2:
+                raise _Fallback(f"no scatter-add kernel for width {dst.shape[1]}")
+            src_c = src.contiguous().float()
+            self._aligned(dst, src_c)
+        except _Fallback as f:
+            self._fall("scatter_add_rows", str(f))
+            self.fallback.scatter_add_rows(dst, index, src)
+            return
+        index_c = index.contiguous()
+        entry = info.entries[1]
+        check = self._first(entry)
+        expected = None
+        if check:
+            expected = dst.clone()
+            self.fallback.scatter_add_rows(expected, index, src)
+        self._launch(info, entry, index_c.numel(), [dst, index_c, src_c, index_c.numel()])
+        if expected is not None:
+            self._check(entry, dst, expected, TOLERANCE["fp32"])
+
+    def describe(self) -> str:
+        """One line for the trainer's start-up message and logs."""
+        used = sum(self.calls.values())
+        fell = sum(self.fallbacks.values())
+        return (
+            f"generated CUDA kernels ({len(self.index.kernels)} in the manifest, "
+            f"{len(self._modules)} compiled; {used} launches, {fell} calls on the torch path)"
+        )
+
+
+def _opt_args(params: OptimizerParamsLike) -> list[float]:
+    return [
+        float(params.lr),
+        float(params.eps),
+        float(getattr(params, "beta1", 0.9)),
+        float(getattr(params, "beta2", 0.999)),
+        float(getattr(params, "weight_decay", 0.0)),
+    ]
+
+
+def kernels_for(
+    kernel_dir: str | Path | None, device: torch.device | str = "cpu", *, verify: bool = True
+) -> tuple[Kernels, str]:
+    """The kernels to train with on `device`, and a sentence saying which and why.
+
+    CudaKernels when the device is CUDA and the generated kernels load; TorchKernels
+    otherwise (never an error: the torch path computes the same results).
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return TorchKernels(), f"torch kernels (device {dev})"
+    if kernel_dir is None:
+        return TorchKernels(), "torch kernels (no generated kernels given)"
+    try:
+        k = CudaKernels(kernel_dir, device=dev, verify=verify)
+    except CudaUnavailable as e:
+        return TorchKernels(), f"torch kernels ({e})"
+    return k, f"generated CUDA kernels from {kernel_dir}"
