@@ -104,7 +104,9 @@ class TableView(_Frozen):
     """(row_shard, lo, hi, rank) of every cell, sorted; empty for dp."""
     ranks: tuple[int, ...]
     time: float | None
+    """Seconds the table puts on its busiest rank (None when the plan does not say)."""
     memory_bytes: int
+    """Weights and optimizer state over all its cells; a dp table counts one copy."""
 
 
 class PlanView(_Frozen):
@@ -143,9 +145,11 @@ def _grid(plan: Plan, table: str) -> str:
 
 
 def _table_memory(plan: Plan, table: str) -> int:
+    """Weights and optimizer state summed over the table's cells; one copy of a dp table
+    (as the planner's estimate.per_table counts it)."""
     t = plan.table(table)
     if plan.cluster_of(table).kind == "dp":
-        return t.bytes_for(t.rows, t.dim) * plan.world_size
+        return t.bytes_for(t.rows, t.dim)
     return sum(
         t.bytes_for(plan.row_count(table, s.row_shard, s.row_shards), s.width)
         for s in plan.shards_of(table)
@@ -742,7 +746,7 @@ def fmt_pct(c: Change) -> str:
 
 def _fmt_delta(c: Change, fmt: Any) -> str:
     if c.delta is None:
-        return "-"
+        return "new" if c.a is None and c.b is not None else "-"
     if c.delta == 0:
         return "="
     sign = "+" if c.delta > 0 else "-"
@@ -927,11 +931,11 @@ def _migration_lines(m: Migration) -> list[str]:
 
 
 def _spec_line(c: SpecChange) -> str:
+    subject = c.what if c.name == c.what else f"{c.what} `{c.name}`"
     if c.change == "removed":
-        return f"- {c.what} `{c.name}` removed"
-    verb = "added" if c.change == "added" else "changed"
+        return f"- {subject} removed"
     text = _fields_text(c.fields)
-    return f"- {c.what} `{c.name}` {verb}" + (f": {text}" if text else "")
+    return f"- {subject} {c.change}" + (f": {text}" if text else "")
 
 
 def render_json(d: PlanDiff) -> str:

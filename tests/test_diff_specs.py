@@ -1,0 +1,163 @@
+"""`embarkc diff` of specs, planned on the fly, after each kind of spec change.
+
+The goldens live in test_diff.py on hand-built plans (they must not move when the planner
+improves); here the assertions are about what each spec change must show.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from embarkc import diff
+from embarkc.cli import main
+
+BASE = """\
+hardware {
+  nodes 2
+  gpus_per_node 2
+  hbm 4 MiB
+  hbm_bandwidth 100 GB/s
+  nvlink 50 GB/s
+  network 10 Gb/s
+}
+
+table country { rows 100 dim 16 hotness 4 optimizer sgd { lr 0.05 } }
+table item { rows 20_000 dim 32 optimizer adagrad { lr 0.05 } hotness 30 access zipf(1.2) }
+table tag { rows 5000 dim 16 optimizer adam { lr 0.001 } hotness 3 weighted }
+table history {
+  rows 10_000
+  dim 24
+  optimizer rowwise_adagrad { lr 0.05 }
+  hotness mean 8 max 20
+  access zipf(1.05, sorted)
+}
+
+model {
+  batch 256
+  dense_features 13
+  bottom_mlp [32, 16]
+  interaction dot
+  top_mlp [32, 1]
+}
+
+plan {
+  solver greedy
+  seed 0
+%s}
+"""
+
+
+def _spec(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / f"{name}.embark"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> tuple[Path, str, diff.Side]:
+    tmp = tmp_path_factory.mktemp("specs")
+    path = _spec(tmp, "base", BASE % "")
+    return tmp, path, diff.load_side(path)
+
+
+def _diff_to(base, name: str, text: str) -> tuple[diff.PlanDiff, str]:
+    tmp, path, side = base
+    other = _spec(tmp, name, text)
+    return diff.diff_sides(side, diff.load_side(other)), other
+
+
+def _spec_change(d: diff.PlanDiff, what: str, name: str) -> diff.SpecChange:
+    found = [c for c in d.spec_changes if c.what == what and c.name == name]
+    assert found, f"no {what} change of {name} in {d.spec_changes}"
+    return found[0]
+
+
+def test_spec_with_itself_is_no_changes(base, capsys):
+    _, path, side = base
+    d = diff.diff_sides(side, side)
+    assert d.identical and d.verdict == "no changes" and d.spec_changes == ()
+    assert main(["diff", path, path, "--format", "md", "--fail-if-slower", "0"]) == 0
+    assert capsys.readouterr().out.startswith("no changes")
+
+
+def test_a_table_grows(base):
+    d, _ = _diff_to(base, "grow", BASE.replace("rows 20_000", "rows 30_000") % "")
+    assert _spec_change(d, "table", "item").fields == {"rows": ("20000", "30000")}
+    item = next(t for t in d.tables_delta if t.table == "item")
+    assert item.change == "resized" and item.fields["rows"] == ("20000", "30000")
+    assert item.memory.b is not None and item.memory.a is not None and item.memory.b > item.memory.a
+    assert d.spec_changes_from == "specs" and len(d.spec_changes) == 1
+    assert d.summary.peak_memory.b is not None and d.summary.peak_memory.a is not None
+    assert d.summary.peak_memory.b > d.summary.peak_memory.a
+    assert d.summary.cost_source_a == d.summary.cost_source_b == "plan"
+
+
+def test_a_hotness_changes(base):
+    d, _ = _diff_to(base, "hot", BASE.replace("hotness 30", "hotness 10") % "")
+    hot = [c for c in d.spec_changes if c.what == "feature"]
+    assert len(hot) == 1 and hot[0].fields["hotness"] == ("30.0", "10.0")
+    assert not d.tables_delta  # the table itself is the same
+    assert d.summary.step_time.delta is not None and d.summary.step_time.delta < 0
+    assert d.verdict.startswith("**faster by ")
+
+
+def test_nodes_doubled(base, capsys):
+    d, other = _diff_to(base, "nodes", BASE.replace("nodes 2", "nodes 4") % "")
+    assert _spec_change(d, "topology", "topology").fields["nodes"] == ("2", "4")
+    assert (d.world_a, d.world_b) == (4, 8)
+    new = [r for r in d.ranks_changed if r.rank >= 4]
+    assert len(new) == 4 and all(r.worse and r.time.a is None for r in new)
+    # every table exists in A: a new rank that holds anything receives it from A's ranks
+    received = {r.rank: r.received for r in d.migration.by_rank}
+    holding = [r.rank for r in new if r.memory.b]
+    assert holding and all(received.get(rank, 0) > 0 for rank in holding)
+    assert "- topology changed: nodes 2 -> 4" in diff.render_markdown(d)
+    assert main(["diff", base[1], other, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["world_b"] == 8 and data["spec_changes"][0]["what"] == "topology"
+
+
+def test_a_constraint_added(base):
+    a = base[2]
+    kind = a.plan.cluster_of("country").kind
+    want = "ub" if kind != "ub" else "rb"
+    d, _ = _diff_to(base, "constraint", BASE % f"  table country {{ cluster {want} }}\n")
+    c = _spec_change(d, "constraint", "country")
+    assert c.change == "added" and c.fields["cluster"] == ("-", want)
+    moved = [t for t in d.tables_changed if t.table == "country"]
+    assert moved and moved[0].kind_b == want and "cluster" in moved[0].changed
+
+
+def test_plan_file_against_spec_recosts_the_outside_plan(base, tmp_path):
+    """A plan without our estimate fields, diffed against its spec, is re-costed."""
+    from embark_runtime.plan import Estimate, RankEstimate, dumps_plan
+
+    _, path, side = base
+    plan = side.plan
+    bare = plan.model_copy(
+        update={
+            "estimate": Estimate(
+                step_time=plan.estimate.step_time,
+                per_rank=[
+                    RankEstimate(rank=r.rank, memory_bytes=r.memory_bytes, time=r.time)
+                    for r in plan.estimate.per_rank
+                ],
+            )
+        }
+    )
+    f = tmp_path / "outside.json"
+    f.write_text(dumps_plan(bare))
+    d = diff.diff_sides(diff.load_side(str(f)), side)
+    assert d.summary.cost_source_a == "cost model"
+    assert d.summary.step_time.pct is not None and abs(d.summary.step_time.pct) < 1e-3
+    assert set(d.summary.components) == set(diff.COMPONENTS)
+
+
+def test_report_of_a_spec_shows_work(base, tmp_path):
+    out = tmp_path / "r.html"
+    assert main(["report", base[1], "-o", str(out)]) == 0
+    html = out.read_text()
+    assert "share of each table&#39;s work" in html and "country" in html
