@@ -131,6 +131,8 @@ class Lowerer:
         self.files = files
         self.c = Collector({f.path: f.text for f in files})
         self.histograms: dict[str, tuple[tuple[int, ...], tuple[int, ...]] | None] = {}
+        self.unresolved_readers = False
+        """Some `feature` block names no table or an unknown one."""
 
     # ------------------------------------------------------------------ helpers
 
@@ -270,7 +272,7 @@ class Lowerer:
         topology = self.attempt(self.topology, singles.get("hardware"))
         model = self.attempt(self.model, singles.get("model"))
         tables = self.tables(table_blocks, defaults)
-        table_names = {t.name for t in tables}
+        table_names = {name for name, _, _ in table_blocks}
         features = self.features(feature_blocks, table_blocks, tables, defaults)
         options, constraints, colocate = self.plan(singles.get("plan"), table_names, topology)
         if topology is not None and model is not None:
@@ -581,8 +583,10 @@ class Lowerer:
             if fld is None:
                 if self._once(("missing", key, id(b))):
                     what = "table" if b.kind == "table" else "tables"
+                    verb = "has" if b.kind == "table" else "have"
                     self.error(
-                        f"{what} `{name if b.kind == 'table' else self._group_name(b)}` has no `{key}`",
+                        f"{what} `{name if b.kind == 'table' else self._group_name(b)}` {verb} "
+                        f"no `{key}`",
                         b.keyword_span() if b.kind == "table" else span,
                         f"add `{key} N` here or in `defaults`",
                     )
@@ -715,6 +719,7 @@ class Lowerer:
                 continue
             reads = b.fields.get("table")
             if reads is None:
+                self.unresolved_readers = True
                 self.error(
                     f"feature `{tok}` reads no table",
                     fspan,
@@ -725,6 +730,7 @@ class Lowerer:
             assert isinstance(ttok, Token)
             tname = str(ttok)
             if tname not in declared:
+                self.unresolved_readers = True
                 self.error(
                     f"feature `{tok}` reads unknown table `{tname}`",
                     span_of(ttok, b.file),
@@ -737,7 +743,7 @@ class Lowerer:
         out: list[ir.Feature] = []
         seen: dict[str, Span] = {}
 
-        def add(fname: str, span: Span, b: Block, t: ir.Table, implicit: bool) -> None:
+        def add(fname: str, span: Span, b: Block, t: ir.Table | None, implicit: bool) -> None:
             if fname in seen:
                 why = " (every table that no `feature` reads declares a feature of its name)"
                 self.error(
@@ -769,28 +775,27 @@ class Lowerer:
                             f"move it into `feature {readers[tname][0]}`",
                         )
                 continue
-            if tname not in by_name:
-                continue
-            t = by_name[tname]
+            t = by_name.get(tname)
             add(tname, span, b, t, True)
         for fname, fspan, b, tname in explicit:
-            if tname not in by_name:
-                continue
-            t = by_name[tname]
+            t = by_name.get(tname)
             add(fname, fspan, b, t, False)
         return out
 
     def feature(
-        self, name: str, span: Span, b: Block, table: ir.Table, defaults: dict[str, Field_]
+        self, name: str, span: Span, b: Block, table: ir.Table | None, defaults: dict[str, Field_]
     ) -> ir.Feature:
+        """Lower one feature; with `table` None (the table failed) only check its fields."""
         kw: dict[str, Any] = {}
         ok = True
         hot = self.lookup("hotness", b, defaults)
         if hot is None:
-            if self._once(("missing", "hotness", id(b))):
+            # A table whose reader failed to resolve would get a confusing second error.
+            if not self.unresolved_readers and self._once(("missing", "hotness", id(b))):
                 label = name if b.kind != "tables" else self._group_name(b)
+                verb = "have" if b.kind == "tables" else "has"
                 self.error(
-                    f"{'feature' if b.kind == 'feature' else b.kind} `{label}` has no `hotness`",
+                    f"{'feature' if b.kind == 'feature' else b.kind} `{label}` {verb} no `hotness`",
                     b.keyword_span() if b.kind != "tables" else span,
                     "add `hotness N` (ids per sample) or `hotness mean M max N`, here or in `defaults`",
                 )
@@ -829,12 +834,13 @@ class Lowerer:
             kw["weighted"] = True
         acc = self.lookup("access", b, defaults)
         if acc is not None:
-            a = self.cached(("acc", id(acc.tree), table.rows), self.access, acc, table)
+            rows = table.rows if table is not None else None
+            a = self.cached(("acc", id(acc.tree), rows), self.access, acc, table)
             if a is None:
                 ok = False
             else:
                 kw["access"] = a
-        if not ok:
+        if not ok or table is None:
             raise _Fail
         return self.build(
             ir.Feature, span, name=name, table=table.name, span=ir.SpanModel.of(span), **kw
@@ -864,7 +870,7 @@ class Lowerer:
             raise _Fail
         return {"hotness": float(mean), "max_hotness": mx, "fixed": False}
 
-    def access(self, fld: Field_, table: ir.Table) -> ir.Access:
+    def access(self, fld: Field_, table: ir.Table | None) -> ir.Access:
         span = fld.span
         if fld.tree.data == "access_histogram":
             tok = fld.values[0]
@@ -931,7 +937,7 @@ class Lowerer:
         )
 
     def histogram(
-        self, tok: Token, file: str, table: ir.Table
+        self, tok: Token, file: str, table: ir.Table | None
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Read `key count` lines; errors point into the histogram file."""
         rel = _unquote(str(tok))
@@ -945,7 +951,7 @@ class Lowerer:
         if got is None:
             raise _Fail
         keys, counts = got
-        if keys and max(keys) >= table.rows:
+        if table is not None and keys and max(keys) >= table.rows:
             k = max(keys)
             self.error(
                 f"histogram `{rel}` has key {k}, but table `{table.name}` has {table.rows} rows",

@@ -28,6 +28,9 @@ from embarkc.diagnostics import Diagnostic, EmbarkError, Span, did_you_mean
 MAX_SOURCE_BYTES = 16 * 1024 * 1024
 """Specs are hand-written: anything bigger is a mistake (a data file passed as a spec)."""
 
+MAX_EXPECTED_SHOWN = 16
+"""Longer "expected one of" lists (after a number, LALR merges states) help nobody."""
+
 VALUE_TOKENS = frozenset({"NAME", "NUMBER", "UNIT", "STRING"})
 
 _READABLE = {
@@ -174,26 +177,44 @@ def _diagnostic(e: UnexpectedInput, text: str, filename: str) -> Diagnostic:
     if isinstance(e, UnexpectedToken) and e.token.type == "$END" or isinstance(e, UnexpectedEOF):
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
-        expected = set(getattr(e, "expected", ()) or ())
-        return Diagnostic(
-            f"unexpected end of file; {readable_expected(expected)}",
-            Span(filename, line, col, line, col + 1),
-            "a `{` is missing its `}`" if "RBRACE" in expected else None,
+        expected = (
+            _accepted(e)
+            if isinstance(e, UnexpectedToken)
+            else {str(x) for x in getattr(e, "expected", ()) or ()}
         )
+        open_brace = _unclosed_brace(text)
+        msg = "unexpected end of file"
+        if open_brace is not None:
+            bline, bcol = open_brace
+            return Diagnostic(
+                f"{msg}: the `{{` at line {bline} is never closed",
+                Span(filename, bline, bcol, bline, bcol + 1),
+                "add the missing `}`",
+            )
+        if len(expected) <= MAX_EXPECTED_SHOWN:
+            msg += f"; {readable_expected(expected)}"
+        return Diagnostic(msg, Span(filename, line, col, line, col + 1))
     if isinstance(e, UnexpectedToken):
         tok = e.token
         width = max(len(str(tok)), 1)
         span = Span(filename, line, col, tok.end_line or line, (tok.end_column or col + width))
         if tok.end_line != line:
             span = Span(filename, line, col, line, col + width)
-        expected = set(e.expected)
+        expected = _accepted(e)
         shown = _terminal_names().get(tok.type, "")
         what = f"`{tok}`" if tok.type in VALUE_TOKENS or not shown else shown
         hint = None
         if tok.type == "NAME" or tok.type in _keywords():
             kws = {v for k, v in _keywords().items() if k in expected}
             hint = did_you_mean(str(tok), kws)
-        return Diagnostic(f"unexpected {what}; {readable_expected(expected)}", span, hint)
+        if hint is None and str(tok) in _TOP_LEVEL and "RBRACE" in expected:
+            hint = f"is a `}}` missing before `{tok}`?"
+        msg = f"unexpected {what}"
+        if len(expected) <= MAX_EXPECTED_SHOWN:
+            msg += f"; {readable_expected(expected)}"
+        elif tok.type in VALUE_TOKENS and str(tok)[:1].isdigit():
+            msg += "; a field takes one value (is a name or keyword missing before it?)"
+        return Diagnostic(msg, span, hint)
     if isinstance(e, UnexpectedCharacters):
         pos = e.pos_in_stream or 0
         ch = text[pos] if 0 <= pos < len(text) else "?"
@@ -207,13 +228,61 @@ def _diagnostic(e: UnexpectedInput, text: str, filename: str) -> Diagnostic:
         msg = f"unexpected character `{shown_ch}`"
         if word and len(word) > 1:
             msg = f"unexpected `{word}`"
-        if allowed:
+        if allowed and len(allowed) <= 4:
             msg += f"; {readable_expected(allowed)}"
+        if ch == ";":
+            hint = "fields are separated by spaces or new lines, without `;`"
         if ch == "'":
             hint = 'strings use double quotes: "file"'
         width = max(len(word), 1) if word else 1
         return Diagnostic(msg, Span(filename, line, col, line, col + width), hint)
     return Diagnostic(str(e).splitlines()[0], Span(filename, line, col, line, col + 1))
+
+
+_TOP_LEVEL = frozenset(
+    {"hardware", "defaults", "table", "tables", "feature", "model", "plan", "include"}
+)
+
+
+def _accepted(e: UnexpectedToken) -> set[str]:
+    """The terminals the parser accepts at the error, after the reductions that LALR's
+    merged states postpone (so `rows 10 10` lists the table's fields, not every follower
+    of a number anywhere in the grammar)."""
+    try:
+        if e.interactive_parser is not None:
+            return set(e.interactive_parser.accepts())
+    except Exception:  # noqa: BLE001 - a better message is optional; the error is not
+        pass
+    return set(e.expected)
+
+
+def _unclosed_brace(text: str) -> tuple[int, int] | None:
+    """Line and column of the innermost `{` left open at the end of `text`, if any."""
+    stack: list[tuple[int, int]] = []
+    line, col = 1, 0
+    in_string = in_comment = False
+    prev = ""
+    for ch in text:
+        col += 1
+        if ch == "\n":
+            line, col = line + 1, 0
+            in_comment = False
+            in_string = False
+        elif in_comment:
+            pass
+        elif in_string:
+            if ch == '"' and prev != "\\":
+                in_string = False
+        elif ch == "#":
+            in_comment = True
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            stack.append((line, col))
+        elif ch == "}" and stack:
+            stack.pop()
+        prev = ch
+    return stack[-1] if stack else None
 
 
 def _word_at(text: str, pos: int) -> str:

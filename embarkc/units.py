@@ -76,6 +76,13 @@ def unit_kind(unit: str) -> Kind | None:
     return "bytes" if byte_factor(unit) is not None else None
 
 
+def shorten(text: str) -> str:
+    """A number as quoted in a message: very long ones cut in the middle."""
+    if len(text) <= 24:
+        return text
+    return f"{text[:10]}...{text[-6:]} ({len(text)} characters)"
+
+
 def parse_number(text: str) -> Decimal:
     """The exact value of a number token (`40M`, `1_000`, `3.35`, `1e-8`)."""
     factor = 1
@@ -90,7 +97,7 @@ def parse_number(text: str) -> Decimal:
         raise UnitError(f"malformed number `{text}`") from None
     if not value.is_finite() or value.adjusted() > 40:
         raise UnitError(
-            f"number `{text}` is too large",
+            f"number `{shorten(text)}` is too large",
             f"sizes and counts must be below 2^63 ({MAX_INT:.2e})",
         )
     return value
@@ -133,13 +140,13 @@ def quantity(number: str, unit: str | None, kind: Kind, *, integer: bool) -> int
         result = int(value)
         if abs(result) > MAX_INT:
             raise UnitError(
-                f"number `{number}` is too large",
+                f"number `{shorten(number)}` is too large",
                 f"sizes and counts must be below 2^63 ({MAX_INT:.2e})",
             )
         return result
     f = float(value)
     if not math.isfinite(f):
-        raise UnitError(f"number `{number}` is too large")
+        raise UnitError(f"number `{shorten(number)}` is too large")
     return f
 
 

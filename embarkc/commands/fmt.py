@@ -1,0 +1,55 @@
+"""`embarkc fmt SPEC...`: rewrite specs in canonical form (`--check`: only report).
+
+Files already canonical are not touched. With `--check` nothing is written: each file
+that would change is named on stdout and the exit code is 1. A spec that does not parse
+is an error (exit 2); the other files are still processed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from embarkc.diagnostics import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR, EmbarkError
+
+HELP = "format specs canonically (--check: exit 1 if a file would change)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.embark)")
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; list files that would change"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from embarkc.format import format_text
+    from embarkc.syntax import check_text
+
+    status = EXIT_OK
+    for spec in args.specs:
+        path = Path(spec)
+        try:
+            try:
+                data = path.read_bytes()
+            except OSError as e:
+                raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
+            text = check_text(data, spec)
+            new = format_text(text, spec)
+        except EmbarkError as e:
+            print(e.render(), file=sys.stderr)
+            status = EXIT_USER_ERROR
+            continue
+        if new == text:
+            continue
+        if args.check:
+            print(f"would reformat {spec}")
+            if status == EXIT_OK:
+                status = EXIT_FAILURE
+            continue
+        tmp = path.with_name(f".{path.name}.fmt.tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(path)
+        print(f"reformatted {spec}")
+    return status
