@@ -423,7 +423,9 @@ def render_instantiations(insts: list[Instantiation], *, arch: str) -> dict[str,
     GPU bench as well as by `render_kernels`). `arch` must be a key of ARCH_TO_COMPUTE."""
     files: dict[str, str] = {}
     entries = []
-    for inst in sorted(set(insts)):
+    for inst in sorted(set(insts), key=lambda i: i.name):
+        if inst.path in files:  # names encode every key field, so this is a bug here
+            raise AssertionError(f"two kernel instantiations named {inst.name}")
         files[inst.path] = render_instantiation(inst)
         entries.append(
             {
