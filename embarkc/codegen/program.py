@@ -47,6 +47,28 @@ def py(value: Any) -> str:
     raise TypeError(f"cannot spell {type(value).__name__} as a Python literal")
 
 
+LINE_WIDTH = 88
+"""Generated Python keeps its lines within ruff format's default width (88), so the file
+is stable under both the default and this repository's (100) settings."""
+
+
+def py_lines(head: str, value: Any, indent: int = 4) -> list[str]:
+    """`head` + the literal of `value` + `,` at `indent` spaces, as ruff format lays it out.
+
+    A line that fits in LINE_WIDTH stays one line; a longer tuple is exploded one element
+    per line with a trailing comma (which ruff keeps exploded), recursively.
+    """
+    pad = " " * indent
+    one = f"{pad}{head}{py(value)},"
+    if len(one) <= LINE_WIDTH or not isinstance(value, tuple | list) or not value:
+        return [one]
+    lines = [f"{pad}{head}("]
+    for v in value:
+        lines += py_lines("", v, indent + 4)
+    lines.append(f"{pad}),")
+    return lines
+
+
 def sh(word: str) -> str:
     """A single-quoted shell word."""
     return "'" + word.replace("'", "'\"'\"'") + "'"
@@ -88,42 +110,47 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         )
 
     clusters = [
-        f"{py(c.name)}: ({py(c.kind)}, {py(c.communication)}, {py(tuple(c.tables))}),"
+        line
         for c in plan.clusters
+        for line in py_lines(f"{py(c.name)}: ", (c.kind, c.communication, tuple(c.tables)))
     ]
     shard_key = sorted(
         plan.shards, key=lambda s: (plan.tables.index(tables[s.table]), s.row_shard, s.columns)
     )
     shards = [
-        f"({py(s.table)}, {s.row_shard}, {s.row_shards}, {s.columns[0]}, {s.columns[1]}, {s.rank}),"
+        line
         for s in shard_key
+        for line in py_lines(
+            "", (s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank)
+        )
     ]
     features = []
     for f in plan.features:
-        t = tables[f.table]
-        w = feature_width(f.pooling, f.hotness, t.dim)
-        features.append(f"{py(f.name)}: ({py(f.table)}, {py(f.pooling)}, {w}),")
+        w = feature_width(f.pooling, f.hotness, tables[f.table].dim)
+        features += py_lines(f"{py(f.name)}: ", (f.table, f.pooling, w))
     table_lines = [
-        f"{py(t.name)}: ({t.rows}, {t.dim}, {py(t.dtype)}, {py(t.optimizer)})," for t in plan.tables
+        line
+        for t in plan.tables
+        for line in py_lines(f"{py(t.name)}: ", (t.rows, t.dim, t.dtype, t.optimizer))
     ]
 
     m = program.model
-    dense_kwargs = [
-        f"dense_features={m.dense_features},",
-        f"bottom_mlp={py(tuple(m.bottom_mlp))},",
-        f"interaction={py(m.interaction.kind)},",
-        f"cross_layers={m.interaction.layers},",
-        f"low_rank={m.interaction.low_rank},",
-        f"top_mlp={py(tuple(m.top_mlp))},",
-        "feature_widths=FEATURE_WIDTHS,",
-    ]
     o = m.optimizer
+    dense_kwargs = [
+        *py_lines("dense_features=", m.dense_features),
+        *py_lines("bottom_mlp=", tuple(m.bottom_mlp)),
+        *py_lines("interaction=", m.interaction.kind),
+        *py_lines("cross_layers=", m.interaction.layers),
+        *py_lines("low_rank=", m.interaction.low_rank),
+        *py_lines("top_mlp=", tuple(m.top_mlp)),
+        "    feature_widths=FEATURE_WIDTHS,",
+    ]
     optimizer_kwargs = [
-        f"kind={py(o.kind)},",
-        f"lr={py(float(o.lr))},",
-        f"eps={py(float(o.eps))},",
-        f"beta1={py(float(o.beta1))},",
-        f"beta2={py(float(o.beta2))},",
+        *py_lines("kind=", o.kind),
+        *py_lines("lr=", float(o.lr)),
+        *py_lines("eps=", float(o.eps)),
+        *py_lines("beta1=", float(o.beta1)),
+        *py_lines("beta2=", float(o.beta2)),
     ]
 
     memory = plan.memory_by_rank()
