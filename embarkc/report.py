@@ -435,9 +435,10 @@ def render_image(d: ReportData, path: Path) -> None:
 
 
 def _write(path: Path, data: bytes) -> None:
+    from embarkc.emit import atomic_write
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        atomic_write(path, data)
     except OSError as e:
         raise EmbarkError.at(str(path), f"cannot write the report: {e.strerror or e}") from None
 

@@ -44,10 +44,17 @@ def _colours(png: bytes) -> int:
     return len(np.unique(flat, axis=0))
 
 
-def test_html_is_self_contained_with_decodable_figures(tmp_path, capsys):
-    out = tmp_path / "r.html"
-    assert main(["report", _plan_file(tmp_path), "-o", str(out)]) == 0
-    html = out.read_text()
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> str:
+    """The HTML report of the hand-built plan, rendered once through the command line."""
+    tmp = tmp_path_factory.mktemp("report")
+    out = tmp / "r.html"
+    assert main(["report", _plan_file(tmp), "-o", str(out)]) == 0
+    return out.read_text()
+
+
+def test_html_is_self_contained_with_decodable_figures(page):
+    html = page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "external resource"
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert len(images) == 4
@@ -130,13 +137,11 @@ def _decoded_in_chromium(chromium: str, page: Path) -> str:
     return m.group(1)
 
 
-def test_page_renders_with_its_figures_in_headless_chromium(tmp_path):
+def test_page_renders_with_its_figures_in_headless_chromium(page, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium)")
-    out = tmp_path / "r.html"
-    assert main(["report", _plan_file(tmp_path), "-o", str(out)]) == 0
-    html = out.read_text()
+    html = page
     page = tmp_path / "checked.html"
     page.write_text(html.replace("</body>", _DECODE_CHECK))
     assert _decoded_in_chromium(chromium, page) == "4/4"
