@@ -1,0 +1,827 @@
+"""The three kinds of embedding clusters: forward and backward of one step.
+
+Every cluster works in three phases, called in the same order on every rank:
+`distribute` (the data distributor's key traffic; may run a batch ahead, see
+ShardedEmbeddings.prefetch), `forward` (lookup, pooling, result traffic) and `backward`
+(gradient traffic and the fused sparse optimizer update). ShardedEmbeddings wraps the
+forward and backward of all clusters into one autograd function, so that the collectives
+of the backward are issued in the same order on every rank whatever the dense model.
+
+Message layouts. Both ends of a message enumerate the same plan-derived lists, so only
+the number of ids per segment travels as (uncounted) bookkeeping:
+* `cells_on[o]`: the cells of the cluster on rank o, by (table, row shard, first column);
+* `rowshards_on[o]`: the distinct (table, row shard) pairs among them;
+* an owner's pooling input of (table, row shard) concatenates, source rank by source rank,
+  then feature by feature (plan order), the units of the bags it received (see
+  `embark_runtime.distributor`); `block(t, j, a)` is source a's range of units.
+
+What travels is exactly docs/communication.md: rb sends int64 keys, one int32 bag length
+per (sample, feature) and fp32 per-id weights to every owner rank of a row shard, and
+fp32 partial vectors back (flat: owner -> requester; hierarchical: owner -> the
+requester's rail peer on the owner's node, which sums the node's row shards and sends one
+vector per (sample, feature, column range) across the network); ub sends distinct keys
+and gets one vector per key back; dp sends nothing forward and all-reduces (dense) or
+all-gathers (sparse) gradients. Two uncounted extras: the position of every id of a
+concat feature in its bag (rb, needed to place it when a bag is split over row shards),
+and, for dense dp exchange, a touched-row mask (4 bytes per row) so that exactly the rows
+present in the global batch are updated, as in the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from embark_runtime.comm import Comm, Pending, Traffic
+from embark_runtime.distributor import (
+    FeatureInput,
+    local_rows_of,
+    offsets_of,
+    split_by_row_shard,
+    unique_by_row_shard,
+    unit_lengths_at_owner,
+)
+from embark_runtime.kernels import Kernels
+from embark_runtime.optim import apply_update
+from embark_runtime.storage import Cell, new_cell
+
+I64 = torch.int64
+F32 = torch.float32
+
+
+def _cat(parts: list[Tensor], dtype: torch.dtype, device) -> Tensor:
+    if not parts:
+        return torch.empty(0, dtype=dtype, device=device)
+    return torch.cat([p.reshape(-1).to(dtype) for p in parts])
+
+
+def combine_bags(
+    parts: list[tuple[Tensor, Tensor, Tensor | None]], weighted: bool, device
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Concatenate (rows, unit lengths, weights) groups into one bag list for one kernel
+    call; unweighted groups get weight 1 when any group is weighted."""
+    rows = _cat([p[0] for p in parts], I64, device)
+    lengths = _cat([p[1] for p in parts], I64, device)
+    weights = None
+    if weighted:
+        weights = _cat(
+            [p[2] if p[2] is not None else torch.ones(p[0].numel(), device=device) for p in parts],
+            F32,
+            device,
+        )
+    return rows, offsets_of(lengths), weights
+
+
+@dataclass(frozen=True)
+class CellKey:
+    table: str
+    row_shard: int
+    lo: int
+    hi: int
+
+    @property
+    def width(self) -> int:
+        return self.hi - self.lo
+
+
+class Cluster:
+    """Common layout of one cluster of the plan on one rank."""
+
+    kind = ""
+
+    def __init__(self, plan, cluster, comm: Comm, kernels: Kernels, seed: int, device):
+        self.plan = plan
+        self.spec = cluster
+        self.name = cluster.name
+        self.comm = comm
+        self.kernels = kernels
+        self.device = device
+        self.partition = plan.row_partition
+        self.tables = [plan.table(n) for n in cluster.tables]
+        self.table_by_name = {t.name: t for t in self.tables}
+        self.features = {
+            t.name: [f for f in plan.features if f.table == t.name] for t in self.tables
+        }
+        order = {t.name: i for i, t in enumerate(self.tables)}
+        self.row_shards = {t.name: 1 for t in self.tables}
+        self.cells_on: dict[int, list[CellKey]] = {r: [] for r in range(comm.world)}
+        for s in plan.shards:
+            if s.table in order:
+                self.row_shards[s.table] = s.row_shards
+                self.cells_on[s.rank].append(CellKey(s.table, s.row_shard, *s.columns))
+        for r in self.cells_on:
+            self.cells_on[r].sort(key=lambda c: (order[c.table], c.row_shard, c.lo))
+        self.rowshards_on = {
+            r: sorted({(c.table, c.row_shard) for c in cs}, key=lambda p: (order[p[0]], p[1]))
+            for r, cs in self.cells_on.items()
+        }
+        me = comm.rank
+        self.cells: dict[CellKey, Cell] = {}
+        for c in self.cells_on[me]:
+            t = self.table_by_name[c.table]
+            self.cells[c] = new_cell(
+                t, c.row_shard, self.row_shards[c.table], (c.lo, c.hi), self.partition, seed, device
+            )
+        self.any_weighted = any(f.weighted for fs in self.features.values() for f in fs)
+        self.any_concat = any(f.pooling == "concat" for fs in self.features.values() for f in fs)
+
+    def feature_units(self, table: str, b: int) -> list[int]:
+        return [b * f.bag_max if f.pooling == "concat" else b for f in self.features[table]]
+
+    def units(self, table: str, b: int) -> int:
+        return sum(self.feature_units(table, b))
+
+    def finish_table(
+        self, table: str, acc: Tensor, feats: dict[str, FeatureInput]
+    ) -> dict[str, Tensor]:
+        """Split a table's summed units into its features' outputs."""
+        dim = self.table_by_name[table].dim
+        out = {}
+        start = 0
+        for f in self.features[table]:
+            fi = feats[f.name]
+            out[f.name] = fi.finish(acc[start : start + fi.units], dim)
+            start += fi.units
+        return out
+
+    def table_unit_grads(self, table: str, feats, grads: dict[str, Tensor]) -> Tensor:
+        dim = self.table_by_name[table].dim
+        parts = [feats[f.name].unit_grads(grads[f.name], dim) for f in self.features[table]]
+        if not parts:
+            return torch.zeros(0, dim, device=self.device)
+        return torch.cat(parts)
+
+
+# --------------------------------------------------------------------------- dp
+
+
+class DpCluster(Cluster):
+    """Tables replicated on every rank: local lookups, gradients exchanged in backward."""
+
+    kind = "dp"
+
+    def __init__(self, plan, cluster, comm, kernels, seed, device):
+        super().__init__(plan, cluster, comm, kernels, seed, device)
+        self.exchange = cluster.gradient_exchange or "dense"
+        for t in self.tables:
+            self.cells[CellKey(t.name, 0, 0, t.dim)] = new_cell(
+                t, 0, 1, (0, t.dim), self.partition, seed, device
+            )
+
+    def replica(self, table: str) -> Cell:
+        t = self.table_by_name[table]
+        return self.cells[CellKey(table, 0, 0, t.dim)]
+
+    def distribute(self, feats, bvec, traffic) -> None:
+        return None
+
+    def forward(self, dist_state, feats, bvec, traffic, saved: dict) -> dict[str, Tensor]:
+        out = {}
+        for t in self.tables:
+            w = self.replica(t.name).weight
+            for f in self.features[t.name]:
+                fi = feats[f.name]
+                pooled = self.kernels.pooled_forward(
+                    w, fi.ids, fi.unit_offsets(), fi.weights, "sum"
+                )
+                out[f.name] = fi.finish(pooled, t.dim)
+        return out
+
+    def start_backward(self, saved, feats, grads, traffic: Traffic):
+        """Local gradients and the asynchronous exchange; returns what `finish_backward` needs."""
+        touched = {}
+        for t in self.tables:
+            fs = self.features[t.name]
+            rows, offsets, weights = combine_bags(
+                [
+                    (feats[f.name].ids, feats[f.name].unit_offsets().diff(), feats[f.name].weights)
+                    for f in fs
+                ],
+                any(f.weighted for f in fs),
+                self.device,
+            )
+            g = self.table_unit_grads(t.name, feats, grads)
+            touched[t.name] = self.kernels.pooled_backward(g, rows, offsets, weights, "sum", t.rows)
+        if self.exchange == "dense":
+            buf = _cat([self._dense(t, *touched[t.name]) for t in self.tables], F32, self.device)
+            mask = torch.zeros(
+                sum(t.rows for t in self.tables), dtype=torch.int32, device=self.device
+            )
+            base = 0
+            for t in self.tables:
+                mask[base + touched[t.name][0]] = 1
+                base += t.rows
+            sizes = [t.rows * t.dim * 4 for t in self.tables]
+            p1 = self.comm.all_reduce(
+                buf, traffic=traffic, cluster=self.name, counted_bytes=sizes, async_op=True
+            )
+            p2 = self.comm.all_reduce(mask, async_op=True)
+            return ("dense", p1, p2)
+        keys = _cat([touched[t.name][0] for t in self.tables], I64, self.device)
+        vals = _cat([touched[t.name][1] for t in self.tables], F32, self.device)
+        counts = self.comm.all_gather_ints([touched[t.name][0].numel() for t in self.tables])
+        p1 = self.comm.all_gather_varlen(keys, traffic=traffic, cluster=self.name, async_op=True)
+        p2 = self.comm.all_gather_varlen(vals, traffic=traffic, cluster=self.name, async_op=True)
+        return ("sparse", p1, p2, counts)
+
+    def _dense(self, t, rows: Tensor, grads: Tensor) -> Tensor:
+        d = torch.zeros(t.rows, t.dim, dtype=F32, device=self.device)
+        d[rows] = grads
+        return d
+
+    def finish_backward(self, pending) -> None:
+        if pending[0] == "dense":
+            buf, mask = pending[1].wait(), pending[2].wait()
+            base_m = base_b = 0
+            for t in self.tables:
+                rows = torch.nonzero(mask[base_m : base_m + t.rows]).reshape(-1)
+                g = buf[base_b : base_b + t.rows * t.dim].reshape(t.rows, t.dim)[rows]
+                cell = self.replica(t.name)
+                apply_update(self.kernels, cell.weight, cell.state, rows, g, t)
+                base_m += t.rows
+                base_b += t.rows * t.dim
+            return
+        keys_by_rank, vals_by_rank, counts = pending[1].wait(), pending[2].wait(), pending[3]
+        per_table: dict[str, list[tuple[Tensor, Tensor]]] = {t.name: [] for t in self.tables}
+        for r in range(self.comm.world):
+            kpos = vpos = 0
+            for t, n in zip(self.tables, counts[r], strict=True):
+                per_table[t.name].append(
+                    (
+                        keys_by_rank[r][kpos : kpos + n],
+                        vals_by_rank[r][vpos : vpos + n * t.dim].reshape(n, t.dim),
+                    )
+                )
+                kpos += n
+                vpos += n * t.dim
+        for t in self.tables:
+            rows = _cat([k for k, _ in per_table[t.name]], I64, self.device)
+            g = torch.cat([v for _, v in per_table[t.name]]) if per_table[t.name] else None
+            if g is None or rows.numel() == 0:
+                continue
+            cell = self.replica(t.name)
+            apply_update(self.kernels, cell.weight, cell.state, rows, g, t)
+
+
+# --------------------------------------------------------------------------- rb / ub shared
+
+
+@dataclass
+class KeyDist:
+    """Result of `distribute` for an rb/ub cluster (payloads possibly still in flight)."""
+
+    counts: list[list[int]]
+    """counts[a][s]: ids (rb) or distinct keys (ub) of segment s received from source a"""
+    keys: Pending
+    lengths: Pending | None = None
+    weights: Pending | None = None
+    positions: Pending | None = None
+    local: dict = field(default_factory=dict)
+    """requester-side data kept for forward (ub: the UniqueSplit of every table)"""
+
+
+class ShardedCluster(Cluster):
+    """rb and ub: tables cut into cells owned by single ranks."""
+
+    def my_segments(self) -> list[tuple[str, int, str]]:
+        """Segments (table, row shard, feature) this rank receives, in wire order (rb)."""
+        return [
+            (t, j, f.name) for t, j in self.rowshards_on[self.comm.rank] for f in self.features[t]
+        ]
+
+    def _exchange_counts(self, meta: list[list[int]], expect: int) -> list[list[int]]:
+        chunks = [torch.tensor(m, dtype=I64, device=self.device) for m in meta]
+        got = self.comm.all_to_all(chunks, [expect] * self.comm.world)
+        assert isinstance(got, list)
+        return [g.tolist() for g in got]
+
+    def _a2a(self, chunks, counts, traffic, *, scope="world", async_op=False):
+        return self.comm.all_to_all(
+            chunks, counts, scope=scope, traffic=traffic, cluster=self.name, async_op=async_op
+        )
+
+    def update_cell(self, key: CellKey, rows: Tensor, grads: Tensor) -> None:
+        cell = self.cells[key]
+        apply_update(
+            self.kernels, cell.weight, cell.state, rows, grads, self.table_by_name[key.table]
+        )
+
+
+# --------------------------------------------------------------------------- rb
+
+
+@dataclass
+class OwnerBags:
+    rows: Tensor
+    offsets: Tensor
+    weights: Tensor | None
+    blocks: list[tuple[int, int]]
+    """units of every source rank: [start, end) in the pooled output"""
+
+
+class RbCluster(ShardedCluster):
+    """Reduction-based: owners pool their rows of each bag; partial vectors travel."""
+
+    kind = "rb"
+
+    def __init__(self, plan, cluster, comm, kernels, seed, device):
+        super().__init__(plan, cluster, comm, kernels, seed, device)
+        self.hierarchical = cluster.communication == "hierarchical" and comm.nodes > 1
+        self.groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for n in range(comm.nodes):
+            for t in self.tables:
+                ranges = {
+                    (c.lo, c.hi)
+                    for r in comm.node_ranks(n)
+                    for c in self.cells_on[r]
+                    if c.table == t.name
+                }
+                self.groups[(n, t.name)] = sorted(ranges)
+
+    def remote_rail(self, q: int) -> list[int]:
+        return [
+            r for r in self.comm.rail_ranks(self.comm.local_of(q)) if not self.comm.same_node(r, q)
+        ]
+
+    # ------------------------------------------------------------------ distribute
+    def distribute(self, feats, bvec, traffic) -> KeyDist:
+        dev = self.device
+        parts = {
+            t.name: {
+                f.name: split_by_row_shard(
+                    self.kernels, feats[f.name], t.rows, self.row_shards[t.name], self.partition
+                )
+                for f in self.features[t.name]
+            }
+            for t in self.tables
+        }
+        meta, keys, lens, ws, ps = [], [], [], [], []
+        for o in range(self.comm.world):
+            m, k, ln, w, p = [], [], [], [], []
+            for t, j in self.rowshards_on[o]:
+                for f in self.features[t]:
+                    part = parts[t][f.name][j]
+                    m.append(part.keys.numel())
+                    k.append(part.keys)
+                    ln.append(part.lengths)
+                    if f.weighted:
+                        w.append(part.weights)
+                    if f.pooling == "concat":
+                        p.append(part.positions)
+            meta.append(m)
+            keys.append(_cat(k, I64, dev))
+            lens.append(_cat(ln, torch.int32, dev))
+            ws.append(_cat(w, F32, dev))
+            ps.append(_cat(p, I64, dev))
+        segs = self.my_segments()
+        counts = self._exchange_counts(meta, len(segs))
+        fdef = {f.name: f for fs in self.features.values() for f in fs}
+        n_keys = [sum(c) for c in counts]
+        n_lens = [len(segs) * bvec[a] for a in range(self.comm.world)]
+        n_w = [sum(n for n, s in zip(c, segs, strict=True) if fdef[s[2]].weighted) for c in counts]
+        n_p = [
+            sum(n for n, s in zip(c, segs, strict=True) if fdef[s[2]].pooling == "concat")
+            for c in counts
+        ]
+        kd = KeyDist(counts, self._a2a(keys, n_keys, traffic, async_op=True))
+        kd.lengths = self._a2a(lens, n_lens, traffic, async_op=True)
+        if self.any_weighted:
+            kd.weights = self._a2a(ws, n_w, traffic, async_op=True)
+        if self.any_concat:
+            kd.positions = self.comm.all_to_all(ps, n_p, async_op=True)
+        return kd
+
+    # ------------------------------------------------------------------ forward
+    def _owner_bags(self, kd: KeyDist, bvec) -> dict[tuple[str, int], OwnerBags]:
+        keys, lens = kd.keys.wait(), kd.lengths.wait()  # type: ignore[union-attr]
+        ws = kd.weights.wait() if kd.weights else None
+        ps = kd.positions.wait() if kd.positions else None
+        segs = self.my_segments()
+        fdef = {f.name: f for fs in self.features.values() for f in fs}
+        groups: dict[tuple[str, int], list] = {p: [] for p in self.rowshards_on[self.comm.rank]}
+        blocks: dict[tuple[str, int], list[tuple[int, int]]] = {p: [] for p in groups}
+        units_so_far = dict.fromkeys(groups, 0)
+        for a in range(self.comm.world):
+            ki = li = wi = pi = 0
+            start = dict(units_so_far)
+            for (t, j, fname), n in zip(segs, kd.counts[a], strict=True):
+                f = fdef[fname]
+                k = keys[a][ki : ki + n]
+                ln = lens[a][li : li + bvec[a]]
+                ki += n
+                li += bvec[a]
+                w = None
+                if f.weighted:
+                    assert ws is not None
+                    w = ws[a][wi : wi + n]
+                    wi += n
+                pos = None
+                if f.pooling == "concat":
+                    assert ps is not None
+                    pos = ps[a][pi : pi + n]
+                    pi += n
+                ul = unit_lengths_at_owner(ln, pos, f.pooling, f.bag_max)
+                rows = local_rows_of(
+                    k, self.table_by_name[t].rows, j, self.row_shards[t], self.partition
+                )
+                groups[(t, j)].append((rows, ul, w))
+                units_so_far[(t, j)] += ul.numel()
+            for p in groups:
+                blocks[p].append((start[p], units_so_far[p]))
+        out = {}
+        for p, parts in groups.items():
+            weighted = any(f.weighted for f in self.features[p[0]])
+            rows, offsets, weights = combine_bags(parts, weighted, self.device)
+            out[p] = OwnerBags(rows, offsets, weights, blocks[p])
+        return out
+
+    def forward(self, kd: KeyDist, feats, bvec, traffic, saved: dict) -> dict[str, Tensor]:
+        me = self.comm.rank
+        owner = self._owner_bags(kd, bvec)
+        saved["owner"] = owner
+        pooled = {}
+        for c in self.cells_on[me]:
+            ob = owner[(c.table, c.row_shard)]
+            pooled[c] = self.kernels.pooled_forward(
+                self.cells[c].weight, ob.rows, ob.offsets, ob.weights, "sum"
+            )
+
+        def piece(c: CellKey, r: int) -> Tensor:
+            s, e = owner[(c.table, c.row_shard)].blocks[r]
+            return pooled[c][s:e]
+
+        acc = {
+            t.name: torch.zeros(self.units(t.name, bvec[me]), t.dim, device=self.device)
+            for t in self.tables
+        }
+        if not self.hierarchical:
+            chunks = [
+                _cat([piece(c, a) for c in self.cells_on[me]], F32, self.device)
+                for a in range(self.comm.world)
+            ]
+            counts = [
+                sum(self.units(c.table, bvec[me]) * c.width for c in self.cells_on[o])
+                for o in range(self.comm.world)
+            ]
+            got = self._a2a(chunks, counts, traffic)
+            for o in range(self.comm.world):
+                self._unpack_into(
+                    acc, got[o], [(c, self.units(c.table, bvec[me])) for c in self.cells_on[o]]
+                )
+        else:
+            self._forward_hierarchical(piece, acc, bvec, traffic)
+        out = {}
+        for t in self.tables:
+            out.update(self.finish_table(t.name, acc[t.name], feats))
+        return out
+
+    def _unpack_into(self, acc, flat: Tensor, layout) -> None:
+        pos = 0
+        for c, units in layout:
+            n = units * c.width
+            acc[c.table][:, c.lo : c.hi] += flat[pos : pos + n].reshape(units, c.width)
+            pos += n
+
+    def _forward_hierarchical(self, piece, acc, bvec, traffic) -> None:
+        comm, me = self.comm, self.comm.rank
+        node_peers = comm.peers("node")
+        mynode = comm.node_of(me)
+        # step A (NVLink): partials to own-node requesters, and to rail peers for remote ones
+        chunks = [
+            _cat(
+                [piece(c, r) for r in [q, *self.remote_rail(q)] for c in self.cells_on[me]],
+                F32,
+                self.device,
+            )
+            for q in node_peers
+        ]
+        mine = [me, *self.remote_rail(me)]
+        counts = [
+            sum(self.units(c.table, bvec[r]) * c.width for r in mine for c in self.cells_on[o])
+            for o in node_peers
+        ]
+        got = self._a2a(chunks, counts, traffic, scope="node")
+        sums = {
+            (r, t.name, g): torch.zeros(
+                self.units(t.name, bvec[r]), g[1] - g[0], device=self.device
+            )
+            for r in mine[1:]
+            for t in self.tables
+            for g in self.groups[(mynode, t.name)]
+        }
+        for o, flat in zip(node_peers, got, strict=True):
+            pos = 0
+            for r in mine:
+                for c in self.cells_on[o]:
+                    units = self.units(c.table, bvec[r])
+                    n = units * c.width
+                    block = flat[pos : pos + n].reshape(units, c.width)
+                    pos += n
+                    if r == me:
+                        acc[c.table][:, c.lo : c.hi] += block
+                    else:
+                        sums[(r, c.table, (c.lo, c.hi))] += block
+        # step B (network): one summed vector per (sample, feature, column range) per node
+        rail = comm.peers("rail")
+        chunks = [
+            _cat(
+                []
+                if p == me
+                else [
+                    sums[(p, t.name, g)] for t in self.tables for g in self.groups[(mynode, t.name)]
+                ],
+                F32,
+                self.device,
+            )
+            for p in rail
+        ]
+        counts = [
+            0
+            if p == me
+            else sum(
+                self.units(t.name, bvec[me]) * (g[1] - g[0])
+                for t in self.tables
+                for g in self.groups[(comm.node_of(p), t.name)]
+            )
+            for p in rail
+        ]
+        got = self._a2a(chunks, counts, traffic, scope="rail")
+        for p, flat in zip(rail, got, strict=True):
+            if p == me:
+                continue
+            pos = 0
+            for t in self.tables:
+                units = self.units(t.name, bvec[me])
+                for lo, hi in self.groups[(comm.node_of(p), t.name)]:
+                    n = units * (hi - lo)
+                    acc[t.name][:, lo:hi] += flat[pos : pos + n].reshape(units, hi - lo)
+                    pos += n
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, saved, feats, grads, bvec, traffic) -> None:
+        comm, me = self.comm, self.comm.rank
+        gt = {t.name: self.table_unit_grads(t.name, feats, grads) for t in self.tables}
+        received: dict[CellKey, dict[int, Tensor]] = {c: {} for c in self.cells_on[me]}
+        if not self.hierarchical:
+            chunks = [
+                _cat([gt[c.table][:, c.lo : c.hi] for c in self.cells_on[o]], F32, self.device)
+                for o in range(comm.world)
+            ]
+            counts = [
+                sum(self.units(c.table, bvec[a]) * c.width for c in self.cells_on[me])
+                for a in range(comm.world)
+            ]
+            got = self._a2a(chunks, counts, traffic)
+            for a, flat in enumerate(got):
+                self._unpack_blocks(received, flat, [a], bvec)
+        else:
+            self._backward_hierarchical(gt, received, bvec, traffic)
+        owner: dict[tuple[str, int], OwnerBags] = saved["owner"]
+        for c in self.cells_on[me]:
+            ob = owner[(c.table, c.row_shard)]
+            g = torch.cat([received[c][a] for a in range(comm.world)])
+            rows, row_grads = self.kernels.pooled_backward(
+                g, ob.rows, ob.offsets, ob.weights, "sum", self.cells[c].rows
+            )
+            self.update_cell(c, rows, row_grads)
+
+    def _unpack_blocks(self, received, flat: Tensor, sources: list[int], bvec) -> None:
+        pos = 0
+        for r in sources:
+            for c in self.cells_on[self.comm.rank]:
+                units = self.units(c.table, bvec[r])
+                n = units * c.width
+                received[c][r] = flat[pos : pos + n].reshape(units, c.width)
+                pos += n
+
+    def _backward_hierarchical(self, gt, received, bvec, traffic) -> None:
+        comm, me = self.comm, self.comm.rank
+        mynode = comm.node_of(me)
+        # step B' (network): one gradient per (sample, feature, column range) per remote node
+        rail = comm.peers("rail")
+        chunks = [
+            _cat(
+                []
+                if p == me
+                else [
+                    gt[t.name][:, g[0] : g[1]]
+                    for t in self.tables
+                    for g in self.groups[(comm.node_of(p), t.name)]
+                ],
+                F32,
+                self.device,
+            )
+            for p in rail
+        ]
+        counts = [
+            0
+            if p == me
+            else sum(
+                self.units(t.name, bvec[p]) * (g[1] - g[0])
+                for t in self.tables
+                for g in self.groups[(mynode, t.name)]
+            )
+            for p in rail
+        ]
+        got = self._a2a(chunks, counts, traffic, scope="rail")
+        remote: dict[tuple[int, str, tuple[int, int]], Tensor] = {}
+        for p, flat in zip(rail, got, strict=True):
+            if p == me:
+                continue
+            pos = 0
+            for t in self.tables:
+                units = self.units(t.name, bvec[p])
+                for g in self.groups[(mynode, t.name)]:
+                    n = units * (g[1] - g[0])
+                    remote[(p, t.name, g)] = flat[pos : pos + n].reshape(units, g[1] - g[0])
+                    pos += n
+        # step A' (NVLink): own gradients and the remote ones, to every owner of the node
+        node_peers = comm.peers("node")
+        mine = [me, *self.remote_rail(me)]
+        chunks = [
+            _cat(
+                [
+                    gt[c.table][:, c.lo : c.hi] if r == me else remote[(r, c.table, (c.lo, c.hi))]
+                    for r in mine
+                    for c in self.cells_on[o]
+                ],
+                F32,
+                self.device,
+            )
+            for o in node_peers
+        ]
+        counts = [
+            sum(
+                self.units(c.table, bvec[r]) * c.width
+                for r in [q, *self.remote_rail(q)]
+                for c in self.cells_on[me]
+            )
+            for q in node_peers
+        ]
+        got = self._a2a(chunks, counts, traffic, scope="node")
+        for q, flat in zip(node_peers, got, strict=True):
+            self._unpack_blocks(received, flat, [q, *self.remote_rail(q)], bvec)
+
+
+# --------------------------------------------------------------------------- ub
+
+
+class UbCluster(ShardedCluster):
+    """Unique-based: distinct keys travel, owners return one vector per key, the requester
+    pools; backward sends one accumulated gradient per key."""
+
+    kind = "ub"
+
+    def distribute(self, feats, bvec, traffic) -> KeyDist:
+        splits = {}
+        for t in self.tables:
+            fs = self.features[t.name]
+            keys = _cat([feats[f.name].ids for f in fs], I64, self.device)
+            splits[t.name] = unique_by_row_shard(
+                self.kernels, keys, t.rows, self.row_shards[t.name], self.partition
+            )
+        meta, chunks = [], []
+        for o in range(self.comm.world):
+            ks = [splits[t].keys_of_shard(j) for t, j in self.rowshards_on[o]]
+            meta.append([k.numel() for k in ks])
+            chunks.append(_cat(ks, I64, self.device))
+        counts = self._exchange_counts(meta, len(self.rowshards_on[self.comm.rank]))
+        kd = KeyDist(counts, self._a2a(chunks, [sum(c) for c in counts], traffic, async_op=True))
+        kd.local["splits"] = splits
+        return kd
+
+    def forward(self, kd: KeyDist, feats, bvec, traffic, saved: dict) -> dict[str, Tensor]:
+        comm, me = self.comm, self.comm.rank
+        keys = kd.keys.wait()
+        segs = self.rowshards_on[me]
+        rows_of: dict[tuple[str, int], list[Tensor]] = {p: [] for p in segs}
+        for a in range(comm.world):
+            pos = 0
+            for (t, j), n in zip(segs, kd.counts[a], strict=True):
+                k = keys[a][pos : pos + n]
+                pos += n
+                rows_of[(t, j)].append(
+                    local_rows_of(
+                        k, self.table_by_name[t].rows, j, self.row_shards[t], self.partition
+                    )
+                )
+        rows = {p: _cat(v, I64, self.device) for p, v in rows_of.items()}
+        blocks = {p: [(0, 0)] * comm.world for p in segs}
+        for p in segs:
+            start = 0
+            for a in range(comm.world):
+                n = rows_of[p][a].numel()
+                blocks[p][a] = (start, start + n)
+                start += n
+        vals = {
+            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).float()
+            for c in self.cells_on[me]
+        }
+        chunks = []
+        for a in range(comm.world):
+            parts = []
+            for c in self.cells_on[me]:
+                s, e = blocks[(c.table, c.row_shard)][a]
+                parts.append(vals[c][s:e])
+            chunks.append(_cat(parts, F32, self.device))
+        splits = kd.local["splits"]
+        counts = [
+            sum(
+                splits[c.table].index_of_shard[c.row_shard].numel() * c.width
+                for c in self.cells_on[o]
+            )
+            for o in range(comm.world)
+        ]
+        got = self._a2a(chunks, counts, traffic)
+        table_rows = {
+            t.name: torch.zeros(splits[t.name].unique.numel(), t.dim, device=self.device)
+            for t in self.tables
+        }
+        for o, flat in enumerate(got):
+            pos = 0
+            for c in self.cells_on[o]:
+                idx = splits[c.table].index_of_shard[c.row_shard]
+                n = idx.numel() * c.width
+                table_rows[c.table][idx, c.lo : c.hi] = flat[pos : pos + n].reshape(
+                    idx.numel(), c.width
+                )
+                pos += n
+        saved["rows"], saved["blocks"], saved["splits"] = rows, blocks, splits
+        out = {}
+        for t in self.tables:
+            inv = splits[t.name].inverse
+            start = 0
+            for f in self.features[t.name]:
+                fi = feats[f.name]
+                local = inv[start : start + fi.ids.numel()]
+                start += fi.ids.numel()
+                pooled = self.kernels.pooled_forward(
+                    table_rows[t.name], local, fi.unit_offsets(), fi.weights, "sum"
+                )
+                out[f.name] = fi.finish(pooled, t.dim)
+        return out
+
+    def backward(self, saved, feats, grads, bvec, traffic) -> None:
+        comm, me = self.comm, self.comm.rank
+        splits = saved["splits"]
+        key_grads = {}
+        for t in self.tables:
+            fs = self.features[t.name]
+            inv = splits[t.name].inverse
+            parts, start = [], 0
+            for f in fs:
+                fi = feats[f.name]
+                parts.append(
+                    (inv[start : start + fi.ids.numel()], fi.unit_offsets().diff(), fi.weights)
+                )
+                start += fi.ids.numel()
+            rows, offsets, weights = combine_bags(parts, any(f.weighted for f in fs), self.device)
+            u = splits[t.name].unique.numel()
+            idx, g = self.kernels.pooled_backward(
+                self.table_unit_grads(t.name, feats, grads), rows, offsets, weights, "sum", u
+            )
+            full = torch.zeros(u, t.dim, device=self.device)
+            full[idx] = g
+            key_grads[t.name] = full
+        chunks = [
+            _cat(
+                [
+                    key_grads[c.table][splits[c.table].index_of_shard[c.row_shard], c.lo : c.hi]
+                    for c in self.cells_on[o]
+                ],
+                F32,
+                self.device,
+            )
+            for o in range(comm.world)
+        ]
+        blocks = saved["blocks"]
+        counts = [
+            sum(
+                (blocks[(c.table, c.row_shard)][a][1] - blocks[(c.table, c.row_shard)][a][0])
+                * c.width
+                for c in self.cells_on[me]
+            )
+            for a in range(comm.world)
+        ]
+        got = self._a2a(chunks, counts, traffic)
+        per_cell: dict[CellKey, list[Tensor]] = {c: [] for c in self.cells_on[me]}
+        for a, flat in enumerate(got):
+            pos = 0
+            for c in self.cells_on[me]:
+                s, e = blocks[(c.table, c.row_shard)][a]
+                n = (e - s) * c.width
+                per_cell[c].append(flat[pos : pos + n].reshape(e - s, c.width))
+                pos += n
+        for c in self.cells_on[me]:
+            rows = saved["rows"][(c.table, c.row_shard)]
+            g = (
+                torch.cat(per_cell[c])
+                if per_cell[c]
+                else torch.zeros(0, c.width, device=self.device)
+            )
+            self.update_cell(c, rows, g)
+
+
+CLUSTER_KINDS = {"dp": DpCluster, "rb": RbCluster, "ub": UbCluster}

@@ -1,0 +1,302 @@
+"""ShardedEmbeddings: the embedding tables of a plan, sharded over the ranks of a Comm.
+
+Usage (every rank, same order of calls):
+
+    comm = init_distributed(plan)
+    emb = ShardedEmbeddings(plan, comm.rank, comm.world, comm=comm, seed=0)
+    out = emb(batch.sparse)            # {feature: [b, out_dim]} for this rank's samples
+    emb.prefetch(next_batch.sparse)    # optional: next batch's key traffic starts now
+    loss.backward()                    # gradient traffic + fused sparse update, in place
+    emb.bytes_moved()                  # {cluster: {"intra": n, "inter": n}} of that step
+
+The embedding weights are not torch Parameters: the backward applies each table's own
+optimizer (plan.tables[].optimizer) sparsely to the rows the global batch touched, so
+the dense optimizer of the trainer must not see them. Every rank must run the backward
+of every forward it runs with gradients enabled (the backward is collective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from embark_runtime.clusters import CLUSTER_KINDS, Cluster, DpCluster
+from embark_runtime.comm import Comm, Traffic
+from embark_runtime.distributor import FeatureInput, prepare_batch
+from embark_runtime.kernels import Kernels, TorchKernels
+from embark_runtime.optim import STATE_NAMES, state_shape
+from embark_runtime.reference import ReferenceEmbeddings
+from embark_runtime.storage import global_rows, load_into
+
+__all__ = ["ReferenceEmbeddings", "ShardedEmbeddings", "PlanNotRunnable"]
+
+
+class PlanNotRunnable(ValueError):
+    """A valid plan that this runtime cannot execute as given (the message says why)."""
+
+
+@dataclass
+class _Step:
+    feats: dict[str, FeatureInput]
+    bvec: list[int]
+    traffic: Traffic
+    dists: dict[str, object] = field(default_factory=dict)
+    saved: dict[str, dict] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Prefetched:
+    batch: object
+    step: _Step
+
+
+class _Lookup(torch.autograd.Function):
+    """All clusters' forward and backward as one node of the autograd graph."""
+
+    @staticmethod
+    def forward(ctx, anchor: Tensor, module: ShardedEmbeddings, step: _Step):  # type: ignore[override]
+        ctx.module = module
+        ctx.step = step
+        return tuple(module._forward_step(step))
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        ctx.module._backward_step(ctx.step, grads)
+        return None, None, None
+
+
+def check_runnable(plan, world: int) -> None:
+    if plan.world_size != world:
+        raise PlanNotRunnable(
+            f"the plan is for {plan.world_size} ranks "
+            f"({plan.topology.nodes} nodes x {plan.topology.gpus_per_node}), the job has {world}"
+        )
+    for s in plan.shards:
+        t = plan.table(s.table)
+        if t.optimizer == "rowwise_adagrad" and s.columns != (0, t.dim):
+            raise PlanNotRunnable(
+                f"table `{t.name}` uses rowwise_adagrad, whose accumulator is the mean over the "
+                f"whole row, but the plan splits its columns ({list(s.columns)}); re-plan "
+                f"without column sharding for it"
+            )
+
+
+class ShardedEmbeddings(torch.nn.Module):
+    """The plan's tables on this rank. See the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        plan,
+        rank: int,
+        world: int,
+        *,
+        seed: int = 0,
+        kernels: Kernels | None = None,
+        device: str | torch.device = "cpu",
+        overlap: bool = True,
+        comm: Comm | None = None,
+    ):
+        super().__init__()
+        if comm is None:
+            if world == 1:
+                comm = Comm.local(device, plan.topology.gpus_per_node)
+            else:
+                created = Comm.create(plan.topology.gpus_per_node, device=device)
+                assert created is not None
+                comm = created
+        if (comm.rank, comm.world) != (rank, world):
+            raise PlanNotRunnable(
+                f"rank {rank} of {world} given, but the Comm is rank {comm.rank} of {comm.world}"
+            )
+        if comm.gpus_per_node != plan.topology.gpus_per_node:
+            raise PlanNotRunnable(
+                f"the Comm has {comm.gpus_per_node} ranks per node, the plan {plan.topology.gpus_per_node}"
+            )
+        check_runnable(plan, world)
+        self.plan = plan
+        self.rank = rank
+        self.world = world
+        self.comm = comm
+        self.device = torch.device(device)
+        self.kernels: Kernels = kernels if kernels is not None else TorchKernels()
+        self.overlap = overlap
+        self.clusters: list[Cluster] = [
+            CLUSTER_KINDS[c.kind](plan, c, comm, self.kernels, seed, self.device)
+            for c in plan.clusters
+        ]
+        self._anchor = torch.nn.Parameter(torch.zeros(0, device=self.device))
+        self._prefetched: _Prefetched | None = None
+        self._last = Traffic()
+
+    # ------------------------------------------------------------------ steps
+    def _distribute(self, batch_sparse) -> _Step:
+        feats = prepare_batch(self.plan, batch_sparse, self.device)
+        b = next(iter(feats.values())).b if feats else 0
+        bvec = [v[0] for v in self.comm.all_gather_ints([b])]
+        step = _Step(feats, bvec, Traffic())
+        for c in self.clusters:
+            step.dists[c.name] = c.distribute(feats, bvec, step.traffic)
+        return step
+
+    def prefetch(self, next_batch_sparse) -> None:
+        """Start the next batch's key traffic (and ub dedup) now; the next `forward` of the
+        same batch object uses it. No-op when overlap is off. Collective."""
+        if not self.overlap:
+            return
+        self._drop_prefetched()
+        self._prefetched = _Prefetched(next_batch_sparse, self._distribute(next_batch_sparse))
+
+    def _drop_prefetched(self) -> None:
+        if self._prefetched is not None:
+            for d in self._prefetched.step.dists.values():
+                for p in (
+                    getattr(d, "keys", None),
+                    getattr(d, "lengths", None),
+                    getattr(d, "weights", None),
+                    getattr(d, "positions", None),
+                ):
+                    if p is not None:
+                        p.wait()
+            self._prefetched = None
+
+    def forward(self, batch_sparse) -> dict[str, Tensor]:  # type: ignore[override]
+        if self._prefetched is not None and self._prefetched.batch is batch_sparse:
+            step = self._prefetched.step
+            self._prefetched = None
+        else:
+            self._drop_prefetched()
+            step = self._distribute(batch_sparse)
+        self._last = step.traffic
+        outs = _Lookup.apply(self._anchor, self, step)
+        return dict(zip(step.outputs, outs, strict=True))
+
+    def _forward_step(self, step: _Step) -> list[Tensor]:
+        result: dict[str, Tensor] = {}
+        for c in self.clusters:
+            saved: dict = {}
+            result.update(c.forward(step.dists[c.name], step.feats, step.bvec, step.traffic, saved))
+            step.saved[c.name] = saved
+        step.outputs = [f.name for f in self.plan.features]
+        return [result[name] for name in step.outputs]
+
+    def _backward_step(self, step: _Step, grads) -> None:
+        g = {name: gr for name, gr in zip(step.outputs, grads, strict=True)}
+        for name, fi in step.feats.items():
+            if g[name] is None:
+                out_dim = self.plan.table(fi.table).dim * (
+                    fi.hotness if fi.pooling == "concat" else 1
+                )
+                g[name] = torch.zeros(fi.b, out_dim, device=self.device)
+        # dp exchanges go out first and complete last: they overlap the rb/ub traffic
+        pending = [
+            (c, c.start_backward(step.saved[c.name], step.feats, g, step.traffic))
+            for c in self.clusters
+            if isinstance(c, DpCluster)
+        ]
+        for c in self.clusters:
+            if not isinstance(c, DpCluster):
+                c.backward(step.saved[c.name], step.feats, g, step.bvec, step.traffic)  # type: ignore[attr-defined]
+        for c, p in pending:
+            c.finish_backward(p)  # type: ignore[attr-defined]
+        step.saved.clear()
+
+    # ------------------------------------------------------------------ inspection
+    def bytes_moved(self) -> dict[str, dict[str, int]]:
+        """Bytes this rank sent in the last step, per cluster (docs/communication.md)."""
+        out = {c.name: {"intra": 0, "inter": 0} for c in self.plan.clusters}
+        out.update(self._last.as_dict())
+        return out
+
+    def _cluster_of(self, table: str) -> Cluster:
+        for c in self.clusters:
+            if table in c.table_by_name:
+                return c
+        raise KeyError(f"no table `{table}` in the plan")
+
+    def gather_table(self, name: str) -> Tensor:
+        """The whole table [rows, dim] (fp32) on every rank. Collective."""
+        return self._gather(name)[0]
+
+    def gather_state(self, name: str) -> dict[str, Tensor]:
+        """The table's whole optimizer state on every rank. Collective."""
+        return self._gather(name)[1]
+
+    def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+        c = self._cluster_of(name)
+        t = c.table_by_name[name]
+        if isinstance(c, DpCluster):
+            cell = c.replica(name)
+            return cell.weight.float().clone(), {k: v.clone() for k, v in cell.state.items()}
+        weight = torch.zeros(t.rows, t.dim, device=self.device)
+        state = {
+            n: torch.zeros(state_shape(t.optimizer, n, t.rows, t.dim), device=self.device)
+            for n in STATE_NAMES[t.optimizer]
+        }
+        # every (row, column) is held by exactly one cell, so a sum over ranks assembles the
+        # table; per-row state is replicated on the column cells of a row: take column 0's
+        for key, cell in c.cells.items():
+            if key.table != name:
+                continue
+            g = global_rows(
+                t.rows, key.row_shard, cell.row_shards, self.plan.row_partition, self.device
+            )
+            weight[g, key.lo : key.hi] = cell.weight.float()
+            for sname, s in cell.state.items():
+                if s.dim() == 2:
+                    state[sname][g, key.lo : key.hi] = s
+                elif key.lo == 0:
+                    state[sname][g] = s
+        self.comm.all_reduce(weight)
+        for sname in STATE_NAMES[t.optimizer]:
+            self.comm.all_reduce(state[sname])
+        return weight, state
+
+    # ------------------------------------------------------------------ checkpoint
+    def cells(self) -> list:
+        """This rank's cells as embark_runtime.checkpoint.CellState (dp tables on rank 0)."""
+        from embark_runtime.checkpoint import CellState
+
+        out = []
+        for c in self.clusters:
+            if isinstance(c, DpCluster) and self.rank != 0:
+                continue
+            for key, cell in c.cells.items():
+                out.append(
+                    CellState(
+                        table=key.table,
+                        row_shard=key.row_shard,
+                        row_shards=cell.row_shards,
+                        columns=(key.lo, key.hi),
+                        weight=cell.weight.detach().cpu().clone(),
+                        state={k: v.detach().cpu().clone() for k, v in cell.state.items()},
+                    )
+                )
+        return out
+
+    def load_cells(self, cells) -> None:
+        """Load CellState-like objects for exactly this rank's cells (and every dp table)."""
+        mine = {}
+        for c in self.clusters:
+            for key, cell in c.cells.items():
+                mine[(key.table, key.row_shard, cell.row_shards, (key.lo, key.hi))] = cell
+        seen = set()
+        for cs in cells:
+            k = (cs.table, cs.row_shard, cs.row_shards, tuple(cs.columns))
+            if k not in mine:
+                raise ValueError(
+                    f"cell of `{cs.table}` (row shard {cs.row_shard}/{cs.row_shards}, columns "
+                    f"{list(cs.columns)}) is not held by rank {self.rank} under this plan"
+                )
+            load_into(
+                mine[k],
+                cs.weight.to(self.device),
+                {n: s.to(self.device) for n, s in cs.state.items()},
+                f"cell {k}",
+            )
+            seen.add(k)
+        missing = sorted(set(mine) - seen, key=str)
+        if missing:
+            raise ValueError(f"rank {self.rank}: no values given for cell {missing[0]}")

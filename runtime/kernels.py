@@ -1,0 +1,228 @@
+"""The lookup kernels behind one interface, and their torch implementation.
+
+`Kernels` is the contract shared by `TorchKernels` (here, any torch device) and
+`embark_runtime.cuda_kernels.CudaKernels` (NVRTC-compiled kernels emitted by the
+compiler). Every cluster of the runtime calls only these methods, so swapping the
+implementation changes no result beyond fp32 summation order.
+
+Conventions, for every method:
+* `rows`, `keys`, `index`, `offsets` are int64; `offsets` has B+1 entries, `offsets[0] == 0`
+  and `offsets[-1] == len(rows)`; bag `i` is `rows[offsets[i]:offsets[i+1]]`.
+* Results are fp32 whatever the weight's dtype; `sparse_update` computes in fp32 and
+  stores back in the weight's dtype.
+* Optimizer state (see `sparse_update`) is always fp32: adagrad {"sum": [n, w]},
+  rowwise_adagrad {"sum": [n]}, adam {"m": [n, w], "v": [n, w], "step": [n]} (per-row
+  step counts held in fp32: exact up to 2**24 steps), sgd {}.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+POOLINGS = ("sum", "mean")
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+
+
+class OptimizerParamsLike(Protocol):
+    lr: float
+    eps: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+
+
+class Kernels(Protocol):
+    """What a cluster needs from a device. See the module docstring for conventions."""
+
+    def pooled_forward(
+        self,
+        weight: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+    ) -> Tensor:
+        """[B, w] fp32: per bag, the sum (or mean: sum / bag length, empty bag -> zeros)
+        of its rows, each multiplied by its per-id weight when given."""
+        ...
+
+    def pooled_backward(
+        self,
+        grad_out: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+        num_rows: int,
+    ) -> tuple[Tensor, Tensor]:
+        """(unique rows sorted ascending [U], their gradients [U, w]): the gradient of every
+        distinct row, summed over all its occurrences in all bags."""
+        ...
+
+    def sparse_update(
+        self,
+        weight: Tensor,
+        state: dict[str, Tensor],
+        unique_rows: Tensor,
+        row_grads: Tensor,
+        optimizer: str,
+        params: OptimizerParamsLike,
+    ) -> None:
+        """Apply `optimizer` in place to the (unique) rows given, nothing else."""
+        ...
+
+    def dedup(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """(unique keys sorted ascending, inverse index with unique[inverse] == keys)."""
+        ...
+
+    def bucketize(
+        self, keys: Tensor, rows: int, row_shards: int, partition: str
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(stable permutation grouping keys by row shard, count per row shard, local row
+        of every key in original order) under the `mod` or `range` row partition."""
+        ...
+
+    def gather_rows(self, src: Tensor, index: Tensor) -> Tensor: ...
+
+    def scatter_add_rows(self, dst: Tensor, index: Tensor, src: Tensor) -> None: ...
+
+
+def bag_of_ids(offsets: Tensor, nnz: int) -> Tensor:
+    """Bag index of every id: [nnz] int64."""
+    lengths = offsets[1:] - offsets[:-1]
+    return torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=nnz
+    )
+
+
+def check_mode(mode: str) -> None:
+    if mode not in POOLINGS:
+        raise ValueError(
+            f"pooling mode {mode!r} is not one of {POOLINGS} (concat is pooled as sum of one-id bags)"
+        )
+
+
+class TorchKernels:
+    """The reference implementation of `Kernels` in plain torch ops (CPU or any device)."""
+
+    name = "torch"
+
+    def pooled_forward(
+        self,
+        weight: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+    ) -> Tensor:
+        check_mode(mode)
+        bags = offsets.numel() - 1
+        vals = weight.index_select(0, rows).float()
+        if per_id_weights is not None:
+            vals = vals * per_id_weights.float().unsqueeze(1)
+        out = torch.zeros(bags, weight.shape[1], dtype=torch.float32, device=weight.device)
+        out.index_add_(0, bag_of_ids(offsets, rows.numel()), vals)
+        if mode == "mean":
+            lengths = (offsets[1:] - offsets[:-1]).clamp(min=1)
+            out /= lengths.unsqueeze(1).float()
+        return out
+
+    def pooled_backward(
+        self,
+        grad_out: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+        num_rows: int,
+    ) -> tuple[Tensor, Tensor]:
+        check_mode(mode)
+        grad = grad_out.float()
+        if mode == "mean":
+            lengths = (offsets[1:] - offsets[:-1]).clamp(min=1)
+            grad = grad / lengths.unsqueeze(1).float()
+        per_id = grad.index_select(0, bag_of_ids(offsets, rows.numel()))
+        if per_id_weights is not None:
+            per_id = per_id * per_id_weights.float().unsqueeze(1)
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= num_rows):
+            raise IndexError(f"row index outside [0, {num_rows})")
+        unique, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        row_grads = torch.zeros(
+            unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
+        )
+        row_grads.index_add_(0, inverse, per_id)
+        return unique, row_grads
+
+    def sparse_update(
+        self,
+        weight: Tensor,
+        state: dict[str, Tensor],
+        unique_rows: Tensor,
+        row_grads: Tensor,
+        optimizer: str,
+        params: OptimizerParamsLike,
+    ) -> None:
+        if unique_rows.numel() == 0:
+            return
+        w = weight.index_select(0, unique_rows).float()
+        g = row_grads.float()
+        if params.weight_decay:
+            g = g + params.weight_decay * w
+        if optimizer == "sgd":
+            w = w - params.lr * g
+        elif optimizer == "adagrad":
+            s = state["sum"].index_select(0, unique_rows) + g * g
+            state["sum"].index_copy_(0, unique_rows, s)
+            w = w - params.lr * g / (s.sqrt() + params.eps)
+        elif optimizer == "rowwise_adagrad":
+            s = state["sum"].index_select(0, unique_rows) + (g * g).mean(dim=1)
+            state["sum"].index_copy_(0, unique_rows, s)
+            w = w - params.lr * g / (s.sqrt() + params.eps).unsqueeze(1)
+        elif optimizer == "adam":
+            step = state["step"].index_select(0, unique_rows) + 1
+            m = params.beta1 * state["m"].index_select(0, unique_rows) + (1 - params.beta1) * g
+            v = params.beta2 * state["v"].index_select(0, unique_rows) + (1 - params.beta2) * g * g
+            state["step"].index_copy_(0, unique_rows, step)
+            state["m"].index_copy_(0, unique_rows, m)
+            state["v"].index_copy_(0, unique_rows, v)
+            bc1 = (1 - torch.pow(params.beta1, step.double())).float().unsqueeze(1)
+            bc2 = (1 - torch.pow(params.beta2, step.double())).float().unsqueeze(1)
+            w = w - params.lr * (m / bc1) / ((v / bc2).sqrt() + params.eps)
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
+        weight.index_copy_(0, unique_rows, w.to(weight.dtype))
+
+    def dedup(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        unique, inverse = torch.unique(keys, sorted=True, return_inverse=True)
+        return unique, inverse
+
+    def bucketize(
+        self, keys: Tensor, rows: int, row_shards: int, partition: str
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        if partition == "mod":
+            shard = torch.remainder(keys, row_shards)
+            local = torch.div(keys, row_shards, rounding_mode="floor")
+        elif partition == "range":
+            block = -(-rows // row_shards)
+            shard = torch.div(keys, block, rounding_mode="floor")
+            local = keys - shard * block
+        else:
+            raise ValueError(f"unknown row partition {partition!r}; expected 'mod' or 'range'")
+        order = torch.sort(shard, stable=True).indices
+        counts = torch.bincount(shard, minlength=row_shards)
+        return order, counts, local
+
+    def gather_rows(self, src: Tensor, index: Tensor) -> Tensor:
+        return src.index_select(0, index)
+
+    def scatter_add_rows(self, dst: Tensor, index: Tensor, src: Tensor) -> None:
+        dst.index_add_(0, index, src.to(dst.dtype))
+
+
+def default_kernels(device: str | torch.device = "cpu") -> Kernels:
+    """The kernels for `device`: torch everywhere (the CUDA helper's kernels are chosen
+    explicitly by passing them to ShardedEmbeddings)."""
+    return TorchKernels()

@@ -1,0 +1,71 @@
+"""Optimizer state of embedding rows, and the fused sparse update.
+
+The update rules themselves live in the kernels (`Kernels.sparse_update`, one per device)
+so that the CUDA path fuses them with the backward; this module owns the state layout
+and the checks that make a plan trainable:
+
+* state is fp32 and per cell: adagrad {"sum": [n, w]}, rowwise_adagrad {"sum": [n]},
+  adam {"m": [n, w], "v": [n, w], "step": [n]} (per-row step counts: lazy Adam, a row's
+  moments only move on the steps that touch it), sgd {};
+* adagrad accumulators start at `optimizer_params.initial_accumulator`;
+* a row is updated once per step with its gradient summed over the whole global batch
+  (the clusters guarantee it), so the result equals the unsharded table's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from embark_runtime.kernels import OPTIMIZERS, Kernels
+
+STATE_NAMES = {
+    "sgd": (),
+    "adagrad": ("sum",),
+    "rowwise_adagrad": ("sum",),
+    "adam": ("m", "v", "step"),
+}
+"""The state tensors of every optimizer, in a fixed order."""
+
+
+def state_shape(optimizer: str, name: str, rows: int, width: int) -> tuple[int, ...]:
+    """[rows] for per-row state (rowwise_adagrad's sum, adam's step), else [rows, width]."""
+    per_row = (optimizer == "rowwise_adagrad" and name == "sum") or name == "step"
+    return (rows,) if per_row else (rows, width)
+
+
+def new_state(
+    optimizer: str, rows: int, width: int, params, device: torch.device | str
+) -> dict[str, Tensor]:
+    """Fresh optimizer state for `rows` x `width` weights."""
+    f32 = {"dtype": torch.float32, "device": device}
+    if optimizer == "sgd":
+        return {}
+    if optimizer == "adagrad":
+        return {"sum": torch.full((rows, width), float(params.initial_accumulator), **f32)}
+    if optimizer == "rowwise_adagrad":
+        return {"sum": torch.full((rows,), float(params.initial_accumulator), **f32)}
+    if optimizer == "adam":
+        return {
+            "m": torch.zeros(rows, width, **f32),
+            "v": torch.zeros(rows, width, **f32),
+            "step": torch.zeros(rows, **f32),
+        }
+    raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
+
+
+def apply_update(
+    kernels: Kernels, weight: Tensor, state: dict[str, Tensor], rows: Tensor, grads: Tensor, table
+) -> None:
+    """Update the rows `rows` of `weight` with their summed gradients (rows may repeat:
+    duplicates are summed first, since the kernels require unique rows)."""
+    if rows.numel() == 0:
+        return
+    unique, inverse = kernels.dedup(rows)
+    if unique.numel() != rows.numel():
+        summed = torch.zeros(
+            unique.numel(), grads.shape[1], dtype=torch.float32, device=grads.device
+        )
+        kernels.scatter_add_rows(summed, inverse, grads.float())
+        rows, grads = unique, summed
+    kernels.sparse_update(weight, state, rows, grads, table.optimizer, table.optimizer_params)

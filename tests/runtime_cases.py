@@ -1,0 +1,344 @@
+"""The runtime's multi-process exactness cases (imported by test_runtime_exactness.py and
+run inside the spawned workers) and an independent count of docs/communication.md."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mp_harness import FeatureSpec, TableSpec, make_plan, random_global_batch, slice_batch
+
+from embark_runtime.keys import row_shard_of
+
+
+@dataclass
+class Case:
+    name: str
+    world: int
+    gpus_per_node: int
+    tables: list[TableSpec]
+    features: list[FeatureSpec]
+    batch_size: int = 8
+    steps: int = 3
+    partition: str = "mod"
+    overlap: bool = True
+    seed: int = 0
+    placement_seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def plan(self):
+        return make_plan(
+            self.tables,
+            self.features,
+            nodes=self.world // self.gpus_per_node,
+            gpus_per_node=self.gpus_per_node,
+            batch_size=self.batch_size,
+            partition=self.partition,
+            placement_seed=self.placement_seed,
+        )
+
+
+def three_features(table: str) -> list[FeatureSpec]:
+    return [
+        FeatureSpec(f"{table}_sum", table, 2.0, "sum", 4),
+        FeatureSpec(f"{table}_mean", table, 2.0, "mean", 4, weighted=True),
+        FeatureSpec(f"{table}_cat", table, 3.0, "concat", 3),
+    ]
+
+
+def grid_cases() -> list[Case]:
+    """Every cluster kind (rb flat, rb hierarchical, ub, dp dense, dp sparse) x pooling
+    (sum, weighted mean, concat: three features per table) x grid (R in 1, 2, 4; C in 1, 2)
+    x optimizer, on 4 processes (2 nodes of 2) and on 2 processes (2 nodes of 1)."""
+    cases = []
+    n = 0
+    for world, g in ((4, 2), (2, 1)):
+        for opt in ("sgd", "adagrad", "rowwise_adagrad", "adam"):
+            for r in (1, 2, 4):
+                for c in (1, 2):
+                    if opt == "rowwise_adagrad" and c == 2:
+                        continue
+                    dims = (6, 5, 4, 3, 4)
+                    tables = [
+                        TableSpec("rf", 37, dims[0], "rb", (r, c), opt, "flat"),
+                        TableSpec("rh", 29, dims[1], "rb", (r, c), opt, "hierarchical"),
+                        TableSpec("u", 41, dims[2], "ub", (r, c), opt),
+                        TableSpec("dd", 13, dims[3], "dp", optimizer=opt, exchange="dense"),
+                        TableSpec("ds", 17, dims[4], "dp", optimizer=opt, exchange="sparse"),
+                    ]
+                    feats = [f for t in tables for f in three_features(t.name)]
+                    cases.append(
+                        Case(
+                            name=f"w{world}g{g}-{opt}-R{r}C{c}",
+                            world=world,
+                            gpus_per_node=g,
+                            tables=tables,
+                            features=feats,
+                            partition="mod" if n % 2 == 0 else "range",
+                            overlap=n % 3 != 2,
+                            seed=n,
+                            placement_seed=n,
+                        )
+                    )
+                    n += 1
+    return cases
+
+
+def overlap_cases() -> list[Case]:
+    """The same training with and without prefetching (identical results expected)."""
+    base = grid_cases()[4]
+    return [
+        Case(**{**base.__dict__, "name": f"overlap-{on}", "overlap": on, "steps": 4})
+        for on in (True, False)
+    ]
+
+
+def random_cases(count: int, seed: int) -> list[Case]:
+    """Random small specs: random tables, kinds, grids, owners, features, poolings,
+    optimizers, weight decay, partitions, world 2 or 4 and node sizes."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i in range(count):
+        world = int(rng.choice([2, 4]))
+        g = int(rng.choice([d for d in (1, 2, 4) if world % d == 0]))
+        tables, feats = [], []
+        for ti in range(int(rng.integers(1, 4))):
+            kind = str(rng.choice(["rb", "ub", "dp"]))
+            opt = str(rng.choice(["sgd", "adagrad", "rowwise_adagrad", "adam"]))
+            dim = int(rng.integers(1, 7))
+            cmax = 1 if opt == "rowwise_adagrad" else min(dim, 3)
+            grid = (int(rng.integers(1, 5)), int(rng.integers(1, cmax + 1)))
+            name = f"t{ti}"
+            tables.append(
+                TableSpec(
+                    name,
+                    int(rng.integers(3, 60)),
+                    dim,
+                    kind,
+                    grid,
+                    opt,
+                    str(rng.choice(["flat", "hierarchical"])),
+                    str(rng.choice(["dense", "sparse"])),
+                    lr=float(rng.uniform(0.01, 0.1)),
+                    weight_decay=float(rng.choice([0.0, 0.01])),
+                )
+            )
+            for fi in range(int(rng.integers(1, 3))):
+                pooling = str(rng.choice(["sum", "mean", "concat"]))
+                hot = int(rng.integers(1, 4))
+                feats.append(
+                    FeatureSpec(
+                        f"{name}f{fi}",
+                        name,
+                        float(hot),
+                        pooling,
+                        hot,
+                        weighted=bool(rng.integers(0, 2)),
+                    )
+                )
+        cases.append(
+            Case(
+                name=f"random{i}",
+                world=world,
+                gpus_per_node=g,
+                tables=tables,
+                features=feats,
+                batch_size=world * int(rng.integers(1, 5)),
+                steps=2,
+                partition=str(rng.choice(["mod", "range"])),
+                overlap=bool(rng.integers(0, 2)),
+                seed=int(rng.integers(0, 1000)),
+                placement_seed=int(rng.integers(0, 1000)),
+            )
+        )
+    return cases
+
+
+def output_weights(plan, step: int, seed: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 1000 + step)
+    out = {}
+    for f in plan.features:
+        dim = plan.table(f.table).dim
+        width = dim * (f.bag_max if f.pooling == "concat" else 1)
+        out[f.name] = torch.randn(plan.batch_size, width, generator=gen)
+    return out
+
+
+def run_case(case: Case, comm) -> dict:
+    """Train `case` on `comm` and on the reference; return losses, errors and bytes."""
+    import torch
+
+    from embark_runtime.embedding import ReferenceEmbeddings, ShardedEmbeddings
+
+    plan = case.plan()
+    emb = ShardedEmbeddings(
+        plan, comm.rank, comm.world, comm=comm, seed=case.seed, overlap=case.overlap
+    )
+    ref = ReferenceEmbeddings(plan, seed=case.seed)
+    b = plan.batch_size // comm.world
+    lo, hi = comm.rank * b, (comm.rank + 1) * b
+    globals_ = [random_global_batch(plan, s, case.seed) for s in range(case.steps)]
+    locals_ = [slice_batch(gb, lo, hi) for gb in globals_]
+    losses, bytes_ = [], []
+    for s in range(case.steps):
+        weights = output_weights(plan, s, case.seed)
+        out = emb(locals_[s])
+        if s + 1 < case.steps:
+            emb.prefetch(locals_[s + 1])
+        loss = sum((out[k] * w[lo:hi]).sum() for k, w in weights.items())
+        loss.backward()
+        total = torch.tensor([float(loss.detach())], dtype=torch.float64)
+        comm.all_reduce(total)
+        rout = ref(globals_[s])
+        rloss = sum((rout[k] * w).sum() for k, w in weights.items())
+        rloss.backward()
+        losses.append((float(total), float(rloss)))
+        bytes_.append(emb.bytes_moved())
+    errors = {}
+    digest = hashlib.sha256()
+    for t in plan.tables:
+        want = ref.table_weights(t.name)
+        got = emb.gather_table(t.name)
+        errors[f"{t.name}.weight"] = rel_error(got, want)
+        digest.update(got.numpy().tobytes())
+        for name, s in emb.gather_state(t.name).items():
+            errors[f"{t.name}.{name}"] = rel_error(s, ref.table_state(t.name)[name])
+            digest.update(s.numpy().tobytes())
+    return {
+        "name": case.name,
+        "losses": losses,
+        "errors": errors,
+        "bytes": bytes_,
+        "digest": digest.hexdigest(),
+    }
+
+
+def rel_error(got, want) -> float:
+    """max |got - want| over max(|want|) (the table's scale), 0 for an all-zero table."""
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    diff = float((got.float() - want.float()).abs().max()) if want.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def worker(rank: int, world: int, cases: list[Case]) -> list[dict]:
+    import torch
+
+    from embark_runtime.comm import Comm
+
+    torch.manual_seed(0)
+    comms = {}
+    for key in sorted({(c.world, c.gpus_per_node) for c in cases}):
+        comms[key] = Comm.create(key[1], ranks=list(range(key[0])))
+    results = []
+    for case in cases:
+        comm = comms[(case.world, case.gpus_per_node)]
+        if comm is not None:
+            start = time.perf_counter()
+            results.append(run_case(case, comm))
+            results[-1]["seconds"] = time.perf_counter() - start
+    return results
+
+
+# --------------------------------------------------------------------------- the doc's count
+
+
+def doc_bytes(plan, gb, world: int) -> list[dict[str, dict[str, int]]]:
+    """Bytes every rank sends in one step, per cluster, computed from docs/communication.md
+    alone (independently of the runtime)."""
+    g = plan.topology.gpus_per_node
+    b = plan.batch_size // world
+    node = [r // g for r in range(world)]
+    out: list[dict[str, dict[str, int]]] = [
+        {c.name: {"intra": 0, "inter": 0} for c in plan.clusters} for _ in range(world)
+    ]
+
+    def add(src: int, dst: int, cluster: str, n: int) -> None:
+        if src != dst and n:
+            out[src][cluster]["intra" if node[src] == node[dst] else "inter"] += int(n)
+
+    for c in plan.clusters:
+        for tname in c.tables:
+            t = plan.table(tname)
+            feats = [f for f in plan.features if f.table == tname]
+            f_units = sum(f.bag_max if f.pooling == "concat" else 1 for f in feats)
+            if c.kind == "dp":
+                if (c.gradient_exchange or "dense") == "dense":
+                    s = t.rows * t.dim * 4
+                    for a in range(world):
+                        add(a, (a + 1) % world, c.name, 2 * (world - 1) * s // world)
+                else:
+                    for a in range(world):
+                        ids = np.concatenate(
+                            [slice_ids(gb[f.name], a * b, (a + 1) * b) for f in feats]
+                        )
+                        u = len(np.unique(ids))
+                        for o in range(world):
+                            add(a, o, c.name, u * (8 + 4 * t.dim))
+                continue
+            cells = plan.shards_of(tname)
+            r_shards = cells[0].row_shards
+            for a in range(world):
+                per_f = [(f, slice_ids(gb[f.name], a * b, (a + 1) * b)) for f in feats]
+                for j in range(r_shards):
+                    owners = sorted({s.rank for s in cells if s.row_shard == j})
+                    in_j = [
+                        (f, ids[row_shard_of(ids, t.rows, r_shards, plan.row_partition) == j])
+                        for f, ids in per_f
+                    ]
+                    if c.kind == "rb":
+                        n = sum(
+                            8 * len(ids) + 4 * b + (4 * len(ids) if f.weighted else 0)
+                            for f, ids in in_j
+                        )
+                    else:
+                        n = 8 * len(np.unique(np.concatenate([ids for _, ids in in_j])))
+                    for o in owners:
+                        add(a, o, c.name, n)
+                for s in cells:
+                    o, w = s.rank, s.width
+                    if c.kind == "ub":
+                        ids = np.concatenate([ids for _, ids in per_f])
+                        u = len(
+                            np.unique(
+                                ids[
+                                    row_shard_of(ids, t.rows, r_shards, plan.row_partition)
+                                    == s.row_shard
+                                ]
+                            )
+                        )
+                        add(o, a, c.name, u * 4 * w)
+                        add(a, o, c.name, u * 4 * w)
+                        continue
+                    vec = b * f_units * 4 * w
+                    if c.communication == "hierarchical" and node[a] != node[o]:
+                        p = node[o] * g + a % g
+                        add(o, p, c.name, vec)
+                        add(p, o, c.name, vec)
+                    else:
+                        add(o, a, c.name, vec)
+                        add(a, o, c.name, vec)
+            if c.kind == "rb" and c.communication == "hierarchical":
+                for a in range(world):
+                    for n in set(node):
+                        if n == node[a]:
+                            continue
+                        p = n * g + a % g
+                        ranges = {s.columns for s in cells if node[s.rank] == n}
+                        for lo, hi in ranges:
+                            add(p, a, c.name, b * f_units * 4 * (hi - lo))
+                            add(a, p, c.name, b * f_units * 4 * (hi - lo))
+    return out
+
+
+def slice_ids(bag, lo: int, hi: int) -> np.ndarray:
+    return np.asarray(bag.ids[int(bag.offsets[lo]) : int(bag.offsets[hi])])
+
+
+def local_batches(plan, case: Case, world: int):
+    gb = [random_global_batch(plan, s, case.seed) for s in range(case.steps)]
+    b = plan.batch_size // world
+    return gb, [[slice_batch(x, r * b, (r + 1) * b) for r in range(world)] for x in gb]
