@@ -312,7 +312,11 @@ def plot_heat(ax: Any, d: ReportData, fig: Any) -> None:
     if d.heat.size == 0:
         ax.set_axis_off()
         return
-    im = ax.imshow(d.heat, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0)
+    from matplotlib.colors import PowerNorm
+
+    # a square-root scale keeps the small shares of widely split tables visible
+    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=max(float(d.heat.max()), 1e-12))
+    im = ax.imshow(d.heat, aspect="auto", cmap="viridis", interpolation="nearest", norm=norm)
     ax.set_yticks(range(len(d.heat_rows)))
     ax.set_yticklabels(d.heat_rows, fontsize=7 if len(d.heat_rows) <= 30 else 5)
     _rank_ticks(ax, d.plan.world_size)
@@ -335,9 +339,16 @@ def plot_baselines(ax: Any, d: ReportData) -> None:
     ax.set_yticks(y)
     ax.set_yticklabels(labels)
     ax.invert_yaxis()
-    ax.set_xlabel("predicted ms per step")
     ax.set_title(f"This plan beside the baselines (status: {d.plan.planner.status})")
-    ax.set_xlim(0, max(values) * 1.25 if values and max(values) > 0 else 1)
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) > 20 * min(positive):
+        # one far-off baseline would flatten the others on a linear axis
+        ax.set_xscale("log")
+        ax.set_xlim(min(positive) / 1.5, max(positive) * 3)
+        ax.set_xlabel("predicted ms per step (log scale)")
+    else:
+        ax.set_xlim(0, max(values) * 1.25 if positive else 1)
+        ax.set_xlabel("predicted ms per step")
 
 
 def _rank_width(world: int) -> float:

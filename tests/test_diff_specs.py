@@ -161,3 +161,10 @@ def test_report_of_a_spec_shows_work(base, tmp_path):
     assert main(["report", base[1], "-o", str(out)]) == 0
     html = out.read_text()
     assert "share of each table&#39;s work" in html and "country" in html
+
+
+def test_a_spec_with_errors_is_a_user_error(base, tmp_path, capsys):
+    bad = _spec(tmp_path, "bad", BASE.replace("hotness 30", "hotnes 30") % "")
+    assert main(["diff", base[1], bad]) == 2
+    err = capsys.readouterr().err
+    assert "bad.embark:" in err and "hotnes" in err and "Traceback" not in err
