@@ -100,6 +100,7 @@ class ShardedEmbeddings(torch.nn.Module):
         comm: Comm | None = None,
     ):
         super().__init__()
+        check_runnable(plan, world)
         if comm is None:
             if world == 1:
                 comm = Comm.local(device, plan.topology.gpus_per_node)
@@ -115,7 +116,6 @@ class ShardedEmbeddings(torch.nn.Module):
             raise PlanNotRunnable(
                 f"the Comm has {comm.gpus_per_node} ranks per node, the plan {plan.topology.gpus_per_node}"
             )
-        check_runnable(plan, world)
         self.plan = plan
         self.rank = rank
         self.world = world
