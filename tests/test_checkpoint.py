@@ -551,3 +551,20 @@ def test_finalize_refuses_ranks_of_another_plan(tmp_path):
     other = make_plan(2, "mod", {n: "dp" for n in TABLES})
     with pytest.raises(CheckpointError, match="another plan"):
         finalize_checkpoint(tmp_path, 1, other, 2)
+
+
+def test_row_overlap_test_is_exact():
+    """The file-skipping test agrees with brute force for every pair of row shards."""
+    for rows in (1, 7, 31):
+        for ra in range(1, 6):
+            for rb in range(1, 6):
+                for pa in ("mod", "range"):
+                    for pb in ("mod", "range"):
+                        keys = np.arange(rows)
+                        sa = row_shard_of(keys, rows, ra, pa)
+                        sb = row_shard_of(keys, rows, rb, pb)
+                        for ja in range(ra):
+                            for jb in range(rb):
+                                want = bool(((sa == ja) & (sb == jb)).any())
+                                got = ckpt._rows_overlap(rows, (ja, ra, pa), (jb, rb, pb))
+                                assert got == want, (rows, ja, ra, pa, jb, rb, pb)
