@@ -9,6 +9,8 @@ bytes each rank reports must equal docs/communication.md's count.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from mp_harness import spawn
 from runtime_cases import doc_bytes, grid_cases, local_batches, overlap_cases, random_cases, worker
@@ -72,3 +74,20 @@ def test_prefetch_overlap_gives_bitwise_identical_training(results):
     assert [r["digest"] for r in on] == [r["digest"] for r in off]
     assert [r["losses"] for r in on] == [r["losses"] for r in off]
     _check_exact(OVERLAP[0], on)
+
+
+@pytest.mark.parametrize("case", GRID + RANDOM, ids=[c.name for c in GRID + RANDOM])
+def test_bytes_equal_the_simulators_count(results, case):
+    """The runtime's measured bytes, summed over ranks, equal embarkc.simulate.count_bytes
+    on the same batches (the compiler's side of docs/communication.md)."""
+    simulate = pytest.importorskip("embarkc.simulate")
+    plan = case.plan()
+    _, per_rank = local_batches(plan, case, case.world)
+    runs = results[case.name]
+    for step, slices in enumerate(per_rank):
+        want = simulate.count_bytes(plan, [SimpleNamespace(sparse=s) for s in slices])
+        got = {
+            c.name: {k: sum(run["bytes"][step][c.name][k] for run in runs) for k in ("intra", "inter")}
+            for c in plan.clusters
+        }
+        assert got == want, f"{case.name} step {step}"
