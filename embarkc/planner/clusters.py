@@ -131,10 +131,15 @@ def dp_bytes(cm: CostModel, u: Unit) -> float:
 
 
 def initial_grid(cm: CostModel, u: Unit) -> tuple[int, int]:
-    """Smallest (rows, columns) grid within bounds whose cells take at most half a GPU."""
-    need = unit_bytes(cm, u) / (0.5 * cm.capacity)
-    r = max(u.min_r, min(u.max_r, math.ceil(need)))
-    return r, u.min_c
+    """Smallest grid within bounds whose cells take at most half a GPU.
+
+    Columns are split first: a column split keeps the forward bytes of the table the
+    same, while every row shard adds one more partial vector per sample.
+    """
+    need = max(1, math.ceil(unit_bytes(cm, u) / (0.5 * cm.capacity)))
+    c = max(u.min_c, min(u.max_c, need))
+    r = max(u.min_r, min(u.max_r, math.ceil(need / c)))
+    return r, c
 
 
 def initial_kinds(cm: CostModel, units: list[Unit]) -> dict[str, str]:

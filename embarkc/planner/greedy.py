@@ -266,18 +266,30 @@ class Search:
     def candidates(self, u: Unit, d: Decision) -> list[Decision]:
         cm = self.cm
         out: list[Decision] = []
+        if d.kind != "dp":
+            out.append(d)  # the same grid re-placed: its cells move to the least-loaded ranks
         if d.kind == "dp":
             r, c = initial_grid(cm, u)
             for k in u.kinds:
                 if k != "dp":
                     out.append(Decision(k, r, c, self._comm(r)))
             return out
-        for r2 in sorted({d.r + 1, 2 * d.r}):
-            if u.min_r <= r2 <= u.max_r and r2 * d.c <= 4 * cm.W:
-                out.append(replace(d, r=r2, comm=self._comm(r2, d.comm)))
-        for c2 in sorted({d.c + 1, 2 * d.c}):
-            if u.min_c <= c2 <= u.max_c and d.r * c2 <= 4 * cm.W:
-                out.append(replace(d, c=c2))
+        grids = {
+            (d.r + 1, d.c),
+            (2 * d.r, d.c),
+            (d.r - 1, d.c),
+            (d.r, d.c + 1),
+            (d.r, 2 * d.c),
+            (d.r, d.c - 1),
+            (d.r // 2, 2 * d.c),
+            (2 * d.r, d.c // 2),
+        }
+        for r2, c2 in sorted(grids):
+            if (r2, c2) == (d.r, d.c) or not (u.min_r <= r2 <= u.max_r):
+                continue
+            if not (u.min_c <= c2 <= u.max_c) or r2 * c2 > 4 * cm.W:
+                continue
+            out.append(replace(d, r=r2, c=c2, comm=self._comm(r2, d.comm)))
         for k in u.kinds:
             if k == d.kind:
                 continue
@@ -337,9 +349,18 @@ class Search:
                 elif a.uniform_load > 0:
                     on_crit[name] = a.uniform_load
             ranked = sorted(on_crit, key=lambda n: (-on_crit[n], self.cm.facts[n].index))
+            # the units alone in their cluster kind: moving them removes a whole cluster's
+            # collectives and kernel launches from every rank
+            kinds: dict[tuple[str, str], list[str]] = {}
+            for name, d in self.decisions.items():
+                kinds.setdefault((d.kind, d.comm if d.kind == "rb" else ""), []).append(name)
+            lonely = sorted(
+                (v[0] for v in kinds.values() if len(v) == 1 and v[0] not in ranked[:top_units]),
+                key=lambda n: self.cm.facts[n].index,
+            )
             best_move: tuple[tuple[float, float], str, Decision] | None = None
             base = self.snapshot()
-            for name in ranked[:top_units]:
+            for name in ranked[:top_units] + lonely:
                 u = self.by_name[name]
                 for d in self.candidates(u, self.decisions[name]):
                     sc = self.try_move(u, d)
