@@ -156,12 +156,10 @@ def _table_memory(plan: Plan, table: str) -> int:
     )
 
 
-def _recost(program: Program, plan: Plan) -> Any:
-    """The project's cost model applied to `plan`, or None when it is not available."""
-    try:
-        from embarkc.planner.cost import CostModel
-    except ImportError:
-        return None
+def _recost(program: Program, plan: Plan) -> dict[str, Any]:
+    """The project's cost model applied to `plan` (an estimate dict as the planner writes)."""
+    from embarkc.planner.cost import CostModel
+
     return CostModel(program).evaluate(plan)
 
 
@@ -183,9 +181,8 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
     source: Literal["plan", "cost model", "contract"] = "plan"
     estimate: Any = est
     if _extra(est, "components") is None or _extra(est, "per_table") is None:
-        recost = _recost(program, plan) if program is not None else None
-        if recost is not None:
-            estimate, source = recost, "cost model"
+        if program is not None:
+            estimate, source = _recost(program, plan), "cost model"
         else:
             source = "contract"
 
@@ -511,8 +508,8 @@ def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
 def diff_sides(a: Side, b: Side) -> PlanDiff:
     """Compare two sides; see the module docstring for where the costs come from.
 
-    A plan file is re-costed with the other side's program when the two have the same
-    tables (the usual case of a checked-in plan against an edited spec is then not).
+    A plan file without our estimate fields is re-costed with the other side's program
+    when that program has the same tables, features and cluster as the plan records.
     """
     prog_a = a.program
     prog_b = b.program
@@ -525,9 +522,16 @@ def diff_sides(a: Side, b: Side) -> PlanDiff:
 
 
 def _same_tables(plan: Plan, program: Program) -> bool:
-    return [(t.name, t.rows, t.dim) for t in plan.tables] == [
-        (t.name, t.rows, t.dim) for t in program.tables
-    ]
+    """Whether `program` describes the inputs `plan` records (so it may re-cost it)."""
+    topo = plan.topology
+    return (
+        [(t.name, t.rows, t.dim) for t in plan.tables]
+        == [(t.name, t.rows, t.dim) for t in program.tables]
+        and [(f.name, f.table, f.hotness) for f in plan.features]
+        == [(f.name, f.table, f.hotness) for f in program.features]
+        and (topo.nodes, topo.gpus_per_node, plan.batch_size)
+        == (program.topology.nodes, program.topology.gpus_per_node, program.batch_size)
+    )
 
 
 def diff_views(
@@ -659,12 +663,11 @@ def diff_views(
     )
 
     migration = migration_cost(plan_a, plan_b)
-    verdict_summary = summary
     return PlanDiff(
         a=label_a,
         b=label_b,
         identical=identical,
-        verdict=_verdict(verdict_summary, migration, identical),
+        verdict=_verdict(summary, migration, identical),
         summary=summary,
         tables_changed=tuple(changed),
         tables_delta=tuple(delta),
