@@ -1,0 +1,165 @@
+"""`embarkc plan SPEC`: plan the sharding of a spec and print where everything goes.
+
+Prints the per-rank time and memory (the busiest ranks and a summary when there are many),
+the clusters, the solver's status and the baselines; `-o` writes plan.json
+(deterministic bytes); `--explain TABLE` prints the cost of every alternative for one
+table (kind x grid, placed on the least-loaded ranks of the chosen plan) and why it lost.
+Progress goes to stderr during long searches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from embarkc.diagnostics import EXIT_OK
+
+HELP = "plan the sharding of a spec (clusters, 3D shards, ranks) and print its cost"
+
+STRATEGIES = (
+    "embark",
+    "greedy",
+    "table-wise",
+    "row-wise",
+    "column-wise",
+    "table-row-wise",
+    "data-parallel",
+)
+
+SHOWN_RANKS = 8
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="SPEC", help="spec file (.embark)")
+    p.add_argument("-o", "--output", metavar="PLAN", help="write the plan (plan.json) here")
+    p.add_argument("--strategy", choices=STRATEGIES, help="search or fixed baseline strategy")
+    p.add_argument("--solver", choices=("greedy", "cp-sat"), help="refinement after greedy")
+    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit, seconds")
+    p.add_argument("--seed", type=int, metavar="N", help="solver seed")
+    p.add_argument("--explain", metavar="TABLE", help="show every alternative for TABLE")
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f} ms"
+
+
+def _gib(x: float) -> str:
+    from embarkc.units import format_bytes
+
+    return str(format_bytes(int(x)))
+
+
+def run(args: argparse.Namespace) -> int:
+    from embarkc.diagnostics import EmbarkError
+    from embarkc.frontend import load_program
+    from embarkc.planner import plan_program, plan_to_json
+
+    program = load_program(args.spec)
+    if args.explain and args.explain not in program.table_by_name:
+        from embarkc.diagnostics import did_you_mean
+
+        raise EmbarkError.at(
+            args.spec,
+            f"--explain: no table `{args.explain}`",
+            hint=did_you_mean(args.explain, program.table_by_name),
+        )
+    progress = _progress() if sys.stderr.isatty() else None
+    start = time.perf_counter()
+    plan = plan_program(
+        program,
+        strategy=args.strategy,
+        solver=args.solver,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        progress=progress,
+    )
+    wall = time.perf_counter() - start
+    if progress is not None:
+        print(file=sys.stderr)
+    if args.output:
+        from pathlib import Path
+
+        from embarkc.emit import atomic_write
+
+        atomic_write(Path(args.output), plan_to_json(plan).encode())
+    _print(plan, wall, args.output)
+    if args.explain:
+        _explain(program, plan, args.explain)
+    return EXIT_OK
+
+
+def _progress() -> Any:
+    def report(stage: str, done: float, best: float) -> None:
+        print(f"\r{stage}: {done * 100:5.1f} %  best step {_ms(best)}  ", end="", file=sys.stderr)
+
+    return report
+
+
+def _print(plan: Any, wall: float, output: str | None) -> None:
+    est = plan.estimate
+    extra = est.model_extra or {}
+    topo = plan.topology
+    info = plan.planner
+    pextra = info.model_extra or {}
+    print(
+        f"plan: {topo.nodes} x {topo.gpus_per_node} GPUs, step time {_ms(est.step_time)} "
+        f"(critical rank {extra.get('critical_rank', '?')})"
+    )
+    comp = extra.get("components", {})
+    if comp:
+        print("  critical rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in comp.items()))
+    ranks = sorted(est.per_rank, key=lambda r: (-r.time, r.rank))
+    shown = ranks if len(ranks) <= 2 * SHOWN_RANKS else ranks[:SHOWN_RANKS]
+    print("  rank      time     memory (weights+state)  buffers")
+    for r in sorted(shown, key=lambda r: r.rank):
+        mem = (r.model_extra or {}).get("memory", {})
+        print(
+            f"  {r.rank:4d}  {_ms(r.time):>12}  {_gib(r.memory_bytes):>12}"
+            f"  {_gib(mem.get('buffers', 0)):>12}"
+        )
+    if len(shown) < len(ranks):
+        times = [r.time for r in ranks]
+        mems = [r.memory_bytes for r in ranks]
+        print(
+            f"  ... {len(ranks) - len(shown)} more ranks; time min {_ms(min(times))} "
+            f"mean {_ms(sum(times) / len(times))}; memory max {_gib(max(mems))} "
+            f"mean {_gib(sum(mems) / len(mems))}"
+        )
+    print("clusters:")
+    for c in plan.clusters:
+        cells = sum(1 for s in plan.shards if s.table in set(c.tables))
+        how = c.communication or c.gradient_exchange or ""
+        print(f"  {c.name:6s} {c.kind} {how:12s} {len(c.tables):5d} tables {cells:6d} cells")
+    print(
+        f"planner: strategy {info.strategy}, solver {info.solver}, status {info.status}, "
+        f"seed {info.seed}, wall time {wall:.2f} s (deterministic work {info.wall_time:.3g})"
+    )
+    if pextra.get("message"):
+        print(f"  {pextra['message']}")
+    if "greedy_step_time" in pextra:
+        print(f"  greedy step time {_ms(pextra['greedy_step_time'])}")
+    for name, t in sorted(pextra.get("baselines", {}).items()):
+        print(f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan)")
+    if output:
+        print(f"wrote {output}")
+
+
+def _explain(program: Any, plan: Any, table: str) -> None:
+    """Cost of each alternative kind x grid for `table`, the rest of the plan fixed."""
+    from embarkc.planner.cost import CostModel, layout_of_plan
+    from embarkc.planner.explain import alternatives
+
+    cm = CostModel(program)
+    layout = layout_of_plan(plan)
+    rows = alternatives(cm, layout, table)
+    chosen = min(rows, key=lambda r: (not r["chosen"], r["step_time"]))
+    print(f"explain {table}: {len(rows)} alternatives (the rest of the plan unchanged)")
+    print("  kind  grid      step time     memory/rank   verdict")
+    for r in rows:
+        print(
+            f"  {r['kind']:4s}  {r['grid']:8s}  {_ms(r['step_time']):>12}  "
+            f"{_gib(r['max_memory']):>12}   {r['verdict']}"
+        )
+    print(f"  chosen: {chosen['kind']} {chosen['grid']}")

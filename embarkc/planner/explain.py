@@ -1,0 +1,93 @@
+"""`--explain TABLE`: the cost of every alternative placement of one table.
+
+Each alternative (kind x grid) re-places the table's cells on the least-loaded ranks of
+the plan with that table removed, keeps everything else where it is, and is costed by the
+full cost model. The verdict says why an alternative lost: it does not fit, or it makes
+the step time longer (and which component grew most on the critical rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from embarkc.planner.clusters import units_of
+from embarkc.planner.cost import CostModel, owner_seconds
+from embarkc.planner.types import Layout, Placement, column_widths
+
+
+def _grids(cm: CostModel, rows_max: int, cols_max: int) -> list[tuple[int, int]]:
+    rs = sorted({1, 2, 4, 8, cm.G, cm.W} & set(range(1, rows_max + 1)))
+    cs = sorted({1, 2, 4} & set(range(1, cols_max + 1)))
+    return [(r, c) for r in rs for c in cs if r * c <= cm.W]
+
+
+def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, Any]]:
+    """Rows {kind, grid, step_time, max_memory, chosen, verdict}, the plan's own first."""
+    unit = next(u for u in units_of(cm) if table in u.tables)
+    current = layout[table]
+    base = dict(layout)
+    del base[table]
+    st = cm.layout_state(base)
+    loads = st.times()
+    mem = st.memory()
+    tf = cm.facts[table]
+    options: list[Placement] = [current]
+    for kind in unit.kinds:
+        if kind == "dp":
+            options.append(Placement("dp", exchange=cm.best_exchange(tf)))  # type: ignore[arg-type]
+            continue
+        for r, c in _grids(cm, min(unit.max_r, tf.rows), unit.max_c):
+            if not (unit.min_r <= r and unit.min_c <= c):
+                continue
+            widths = column_widths(tf.dim, c)
+            p = Placement(kind, r, widths, (0,) * (r * c))  # type: ignore[arg-type]
+            cv = cm.grid_values(tf, p)
+            secs = owner_seconds(cm, cv)
+            need = cv.weights + cv.state + cv.buf_own
+            l2, m2 = loads.copy(), mem.copy()
+            ranks = []
+            for i in np.argsort(-secs, kind="stable"):
+                room = m2 + need[i] <= cm.capacity
+                a = int(np.argmin(np.where(room, l2, np.inf))) if room.any() else int(np.argmin(m2))
+                ranks.append((int(i), a))
+                l2[a] += secs[i]
+                m2[a] += need[i]
+            rk = [0] * len(secs)
+            for i, a in ranks:
+                rk[i] = a
+            options.append(p.with_ranks(tuple(rk)))
+    rows = []
+    chosen_time = None
+    chosen_comp: dict[str, np.ndarray] = {}
+    for k, p in enumerate(options):
+        trial = dict(base)
+        trial[table] = p
+        s = cm.layout_state(trial)
+        t = s.times()
+        m = s.memory()
+        comp = s.components()
+        grid = "-" if p.kind == "dp" else f"{p.row_shards}x{p.column_shards or len(p.cell_list())}"
+        row = {
+            "kind": p.kind,
+            "grid": grid,
+            "step_time": float(t.max()),
+            "max_memory": float(m.max()),
+            "chosen": k == 0,
+        }
+        if k == 0:
+            chosen_time, chosen_comp = float(t.max()), comp
+            row["verdict"] = "chosen"
+        elif float(m.max()) > cm.capacity:
+            row["verdict"] = "does not fit in memory"
+        else:
+            crit = int(np.argmax(t))
+            grew = max(comp, key=lambda c: comp[c][crit] - float(chosen_comp[c].max()))
+            assert chosen_time is not None
+            if float(t.max()) >= chosen_time:
+                row["verdict"] = f"slower by {(float(t.max()) - chosen_time) * 1e3:.3f} ms ({grew})"
+            else:
+                row["verdict"] = "faster alone, but the search judged the whole plan"
+        rows.append(row)
+    return rows

@@ -1,0 +1,125 @@
+"""The cost model against hand-computed cases (tiny topology, uniform access)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embarkc.ir import Access, DenseModel, Feature, Optimizer, Program, Source, Table, Topology
+from embarkc.planner import constants as K
+from embarkc.planner.cost import CostModel, access_stats
+from embarkc.planner.types import Placement
+
+
+def _program(rows=1000, dim=16, hotness=2, nodes=1, gpus=2, batch=8, access=None, opt="sgd"):
+    topo = Topology(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        hbm_bytes=1 << 30,
+        hbm_bandwidth=1e12,
+        intra_node_bandwidth=1e11,
+        inter_node_bandwidth=1e10,
+    )
+    return Program(
+        name="t",
+        sources=(Source(path="<t>", sha256="0"),),
+        topology=topo,
+        tables=(Table(name="t0", rows=rows, dim=dim, optimizer=Optimizer(kind=opt)),),
+        features=(
+            Feature(
+                name="f0",
+                table="t0",
+                hotness=hotness,
+                max_hotness=hotness,
+                access=access or Access(kind="uniform"),
+            ),
+        ),
+        model=DenseModel(batch_size=batch, dense_features=0),
+    )
+
+
+def test_uniform_distinct_ids_are_exact():
+    q, d = access_stats(1000, ("uniform",), 2, "mod", 0, (10.0,))
+    assert q.tolist() == [0.5, 0.5]
+    expect = 500 * (1 - (1 - 1 / 1000) ** 10)
+    assert d[0] == pytest.approx([expect, expect], rel=1e-12)
+
+
+def test_zipf_head_mass_is_exact_and_sums_to_one():
+    rows = 1000  # all in the head: exact
+    q, d = access_stats(rows, ("zipf", 1.1, False), 4, "range", 0, (100.0,))
+    w = (np.arange(rows) + 1.0) ** -1.1
+    p = w / w.sum()
+    assert q == pytest.approx([p[i * 250 : (i + 1) * 250].sum() for i in range(4)], rel=1e-12)
+    assert d[0].sum() == pytest.approx((1 - (1 - p) ** 100).sum(), rel=1e-12)
+
+
+def test_zipf_tail_integral_close_to_brute_force():
+    rows = 300_000
+    q, d = access_stats(rows, ("zipf", 1.1, True), 1, "mod", 0, (50_000.0,))
+    w = (np.arange(rows) + 1.0) ** -1.1
+    p = w / w.sum()
+    assert q[0] == pytest.approx(1.0, rel=1e-3)
+    assert d[0, 0] == pytest.approx((-np.expm1(50_000 * np.log1p(-p))).sum(), rel=2e-3)
+
+
+def test_hot_row_makes_its_shard_heavier():
+    q, _ = access_stats(4_000_000, ("zipf", 1.1, True), 8, "mod", 3, (1.0,))
+    assert q.max() > 1.2 / 8  # the shard holding the hottest rows draws more
+    assert q.sum() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_rb_single_cell_two_ranks_by_hand():
+    prog = _program()
+    cm = CostModel(prog)
+    lay = {"t0": Placement("rb", 1, (16,), (0,))}
+    st = cm.layout_state(lay)
+    comp = st.components()
+    b, B, H, w = 4, 8, 2, 16
+    # distributor: rank 1 sends b*H keys + b bag lengths to rank 0, rank 0 receives them
+    dist = b * H * K.KEY_BYTES + b * K.LENGTH_BYTES
+    lat = K.COLLECTIVE_LATENCY_SECONDS
+    assert comp["distributor"][1] == pytest.approx(dist / (1e11 * K.NVLINK_EFFICIENCY) + lat)
+    assert comp["distributor"][0] == pytest.approx(dist / (1e11 * K.NVLINK_EFFICIENCY) + lat)
+    # results: owner sends b pooled vectors of 4*w bytes forward, gradients come back
+    res = b * 4 * w
+    assert comp["nvlink"][0] == pytest.approx(2 * res / (1e11 * K.NVLINK_EFFICIENCY) + 2 * lat)
+    assert comp["network"].max() == 0.0
+    # lookup on the owner: keys + rows read, pooled written; backward grads; update of
+    # the distinct rows (sgd: weights read and written)
+    n = B * H
+    u = 1000 * (1 - (1 - 1 / 1000) ** n)
+    fwd = n * (K.KEY_BYTES + K.SMALL_VECTOR_BYTES) + B * 4 * w
+    bwd = B * 4 * w + n * (K.SMALL_VECTOR_BYTES + 2 * K.KEY_BYTES) + u * 2 * w * 4
+    hbm_all = b * 4 * w
+    launches = 3 * K.KERNEL_LAUNCH_SECONDS
+    expect = (fwd + bwd + hbm_all) / (1e12 * K.HBM_EFFICIENCY) + launches
+    assert comp["lookup"][0] == pytest.approx(expect, rel=1e-9)
+    assert st.step_time() == pytest.approx(float(st.times().max()))
+
+
+def test_inter_node_bytes_go_to_network():
+    prog = _program(nodes=2, gpus=1)
+    cm = CostModel(prog)
+    st = cm.layout_state({"t0": Placement("rb", 1, (16,), (0,))})
+    comp = st.components()
+    assert comp["nvlink"].max() == 0.0
+    assert comp["network"][0] > 0
+
+
+def test_memory_counts_weights_state_and_adagrad():
+    prog = _program(opt="adagrad")
+    cm = CostModel(prog)
+    st = cm.layout_state({"t0": Placement("rb", 2, (16,), (0, 1))})
+    est = st.estimate({"t0": Placement("rb", 2, (16,), (0, 1))})
+    m0 = est["per_rank"][0]["memory"]
+    assert m0["weights"] == 500 * 16 * 4
+    assert m0["optimizer_state"] == 500 * 16 * 4
+
+
+def test_dp_dense_exchange_is_a_ring():
+    prog = _program(rows=10, gpus=4)
+    cm = CostModel(prog)
+    dv = cm.dp_values(cm.facts["t0"], "dense")
+    size = 10 * 16 * 4
+    assert dv.exchange_time == pytest.approx(2 * 3 / 4 * size / (1e11 * K.NVLINK_EFFICIENCY))

@@ -1,0 +1,174 @@
+"""Planner invariants on random small programs (hypothesis), plus the infeasible message."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from embark_runtime.plan import dumps_plan, parse_plan, validate_rules
+from embarkc.diagnostics import EmbarkError
+from embarkc.ir import (
+    Access,
+    Colocate,
+    DenseModel,
+    Feature,
+    Optimizer,
+    PlanOptions,
+    Program,
+    Source,
+    Table,
+    TableConstraint,
+    Topology,
+)
+from embarkc.planner import plan_program
+from embarkc.planner.baselines import FIXED
+from embarkc.planner.cost import CostModel, layout_of_plan
+
+
+@st.composite
+def programs(draw):
+    nodes = draw(st.integers(1, 2))
+    gpus = draw(st.integers(1, 4))
+    n = draw(st.integers(1, 5))
+    tables, feats, cons = [], [], []
+    for i in range(n):
+        rows = draw(st.integers(1, 5000))
+        dim = draw(st.sampled_from([4, 8, 12, 16, 32, 10]))
+        opt = draw(st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam"]))
+        tables.append(Table(name=f"t{i}", rows=rows, dim=dim, optimizer=Optimizer(kind=opt)))
+        h = draw(st.integers(1, 8))
+        acc = draw(
+            st.sampled_from(
+                [
+                    Access(kind="uniform"),
+                    Access(kind="zipf", alpha=1.1, permuted=True),
+                    Access(kind="zipf", alpha=1.2, permuted=False),
+                ]
+            )
+        )
+        feats.append(Feature(name=f"f{i}", table=f"t{i}", hotness=h, max_hotness=h, access=acc))
+        if draw(st.booleans()):
+            cons.append(
+                TableConstraint(
+                    table=f"t{i}",
+                    cluster=draw(st.sampled_from([None, "rb", "ub"])),
+                    max_column_shards=draw(st.sampled_from([None, 1])),
+                    within_node=draw(st.booleans()),
+                )
+            )
+    colocate = ()
+    if n >= 2 and draw(st.booleans()):
+        colocate = (Colocate(tables=("t0", "t1")),)
+    topo = Topology(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        hbm_bytes=draw(st.sampled_from([1 << 20, 1 << 30])),
+        hbm_bandwidth=1e12,
+        intra_node_bandwidth=1e11,
+        inter_node_bandwidth=1e10,
+    )
+    return Program(
+        name="p",
+        sources=(Source(path="<p>", sha256="0"),),
+        topology=topo,
+        tables=tuple(tables),
+        features=tuple(feats),
+        model=DenseModel(batch_size=64 * nodes * gpus, dense_features=1),
+        options=PlanOptions(time_limit=0.2, row_partition=draw(st.sampled_from(["mod", "range"]))),
+        constraints=tuple(cons),
+        colocate=colocate,
+    )
+
+
+def _check_invariants(program: Program, plan) -> None:
+    validate_rules(plan)
+    cm = CostModel(program)
+    for t in program.tables:
+        cl = plan.cluster_of(t.name)
+        c = program.constraint_of.get(t.name)
+        cells = plan.shards_of(t.name)
+        if c is not None and c.cluster is not None:
+            assert cl.kind == c.cluster
+        if cl.kind == "dp":
+            continue
+        r = cells[0].row_shards
+        for j in range(r):  # every row shard's columns tile [0, dim) exactly once
+            cols = sorted(s.columns for s in cells if s.row_shard == j)
+            assert cols[0][0] == 0 and cols[-1][1] == t.dim
+            assert all(a[1] == b[0] for a, b in zip(cols, cols[1:], strict=False))
+        widths = {s.columns[1] - s.columns[0] for s in cells}
+        if len(widths) > 1 or len({s.columns for s in cells}) > r:
+            assert all(s.columns[0] % 4 == 0 for s in cells)
+        if t.optimizer.kind == "rowwise_adagrad" or (c and c.max_column_shards == 1):
+            assert all(s.columns == (0, t.dim) for s in cells)
+        if c is not None and c.within_node:
+            assert len({s.rank // program.topology.gpus_per_node for s in cells}) == 1
+    for col in program.colocate:
+        sets = [
+            {s.rank for s in plan.shards_of(n)} if plan.cluster_of(n).kind != "dp" else None
+            for n in col.tables
+        ]
+        assert all(s == sets[0] for s in sets)
+    mem = cm.layout_state(layout_of_plan(plan)).memory()
+    assert mem.max() <= cm.capacity + 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_every_plan_is_valid_deterministic_and_fits(program):
+    try:
+        plan = plan_program(program, solver="greedy")
+    except EmbarkError as e:
+        assert "GiB" in str(e) or "placement" in str(e) or "contradict" in str(e)
+        return
+    _check_invariants(program, plan)
+    text = dumps_plan(plan)
+    assert dumps_plan(plan_program(program, solver="greedy")) == text
+    assert dumps_plan(parse_plan(text)) == text  # the loader accepts it unchanged
+    try:
+        from embarkc.planner.check import validate_plan
+    except ImportError:
+        return
+    validate_plan(program, plan)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_cpsat_never_worse_than_greedy(program):
+    try:
+        g = plan_program(program, solver="greedy", baselines=False)
+    except EmbarkError:
+        return
+    c = plan_program(program, solver="cp-sat", time_limit=0.2, baselines=False)
+    assert c.estimate.step_time <= g.estimate.step_time * (1 + 1e-9)
+    assert c.planner.status in ("optimal", "feasible", "greedy")
+    _check_invariants(program, c)
+    assert dumps_plan(
+        plan_program(program, solver="cp-sat", time_limit=0.2, baselines=False)
+    ) == dumps_plan(c)
+
+
+def test_infeasible_spec_says_what_would_fit():
+    from embarkc.workload import program_from_workload
+
+    prog = program_from_workload("/work/shared/workloads/t200.json", nodes=1, gpus_per_node=2)
+    with pytest.raises(EmbarkError) as e:
+        plan_program(prog, solver="greedy")
+    msg = str(e.value)
+    assert "GiB" in msg and "GPUs" in msg and "fp16" in msg and "nodes of 2 GPUs" in msg
+
+
+def test_baselines_are_valid_plans():
+    from embarkc.workload import program_from_workload
+
+    prog = program_from_workload("/work/shared/workloads/dcnv2.json", nodes=2)
+    g = plan_program(prog, solver="greedy")
+    for name in FIXED:
+        try:
+            plan = plan_program(prog, strategy=name)
+        except EmbarkError:
+            assert name == "data-parallel"
+            continue
+        validate_rules(plan)
+        assert plan.estimate.step_time >= g.estimate.step_time * 0.999 or name == "column-wise"
