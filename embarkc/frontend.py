@@ -21,7 +21,7 @@ from lark import Token, Tree
 from embarkc import ir
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.lower import SourceFile, lower
-from embarkc.syntax import check_text, parse, parts, span_of
+from embarkc.syntax import check_text, parse, parts, read_source, span_of
 
 MAX_INCLUDED_FILES = 256
 
@@ -30,9 +30,7 @@ def load_program(path: str | Path) -> ir.Program:
     """Parse, include and lower the spec at `path`."""
     shown = str(path)
     try:
-        data = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise EmbarkError.at(shown, "is a directory, not a spec file") from None
+        data = read_source(Path(path), shown)
     except OSError as e:
         raise EmbarkError.at(shown, f"cannot read spec: {e.strerror or e}") from None
     text = check_text(data, shown)
@@ -98,9 +96,10 @@ def load_files(
             done.add(target)
             shown_inc = _display(here / rel)
             try:
-                data = target.read_bytes()
-            except IsADirectoryError:
-                diags.append(Diagnostic(f"cannot include `{rel}`: it is a directory", span))
+                data = read_source(target, shown_inc)
+            except EmbarkError as e:
+                why = e.diagnostics[0].message
+                diags.append(Diagnostic(f"cannot include `{rel}`: it {why}", span))
                 continue
             except OSError as e:
                 diags.append(

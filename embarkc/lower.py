@@ -40,6 +40,9 @@ from embarkc.presets import PRESETS
 from embarkc.syntax import parts, span_of
 from embarkc.units import MAX_INT, Kind, UnitError, format_bytes, quantity
 
+MAX_HISTOGRAM_BYTES = 1 << 30
+"""Measured histograms can be large (one line per distinct id); 1 GiB of text at most."""
+
 MAX_GROUP_TABLES = 100_000
 """A `tables` group larger than this is almost certainly a typo in its range."""
 
@@ -765,7 +768,8 @@ class Lowerer:
                 continue
             done.add(tname)
             if tname in readers:
-                for key in FEATURE_FIELDS:
+                # A group's feature fields still serve its other tables.
+                for key in FEATURE_FIELDS if b.kind == "table" else ():
                     if key in b.fields and self._once(("unused", key, id(b))):
                         fld = b.fields[key]
                         self.error(
@@ -964,15 +968,18 @@ class Lowerer:
     def _read_histogram(
         self, path: Path, shown: str, span: Span
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        from embarkc.syntax import check_text
+        from embarkc.syntax import check_text, read_source
 
         try:
-            data = path.read_bytes()
+            data = read_source(path, shown, MAX_HISTOGRAM_BYTES)
+        except EmbarkError as e:
+            self.error(f"cannot read histogram `{shown}`: it {e.diagnostics[0].message}", span)
+            raise _Fail from None
         except OSError as e:
             self.error(f"cannot read histogram `{shown}`: {e.strerror or e}", span)
             raise _Fail from None
         try:
-            text = check_text(data, shown)
+            text = check_text(data, shown, MAX_HISTOGRAM_BYTES)
         except EmbarkError as e:
             self.c.extend(e.diagnostics)
             raise _Fail from None

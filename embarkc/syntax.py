@@ -14,6 +14,7 @@ parsing with a diagnostic too; nothing here raises anything but `EmbarkError`.
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -102,12 +103,34 @@ def readable_expected(names: set[str] | frozenset[str]) -> str:
     return "expected one of " + ", ".join(shown)
 
 
-def check_text(data: bytes, filename: str) -> str:
-    """Decode a spec file, rejecting what cannot be a spec (too big, binary, not UTF-8)."""
-    if len(data) > MAX_SOURCE_BYTES:
+def read_source(path: Path, shown: str, limit: int = MAX_SOURCE_BYTES) -> bytes:
+    """Read a file the user named, refusing what is not a regular file or is too big
+    (so `include "/dev/zero"` fails instead of hanging). Raises OSError or EmbarkError."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise EmbarkError(Diagnostic(f"is {kind}", Span.of_file(shown)))
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
         raise EmbarkError(
             Diagnostic(
-                f"file is {len(data):,} bytes; a spec may be at most {MAX_SOURCE_BYTES:,} bytes",
+                f"file is {st.st_size:,} bytes; at most {limit:,} are read",
+                Span.of_file(shown),
+                'is this a data file? histograms are read with `access histogram "file"`'
+                if limit == MAX_SOURCE_BYTES
+                else None,
+            )
+        )
+    return data
+
+
+def check_text(data: bytes, filename: str, limit: int = MAX_SOURCE_BYTES) -> str:
+    """Decode a spec file, rejecting what cannot be a spec (too big, binary, not UTF-8)."""
+    if len(data) > limit:
+        raise EmbarkError(
+            Diagnostic(
+                f"file is {len(data):,} bytes; a spec may be at most {limit:,} bytes",
                 Span.of_file(filename),
                 'is this a data file? histograms are read with `access histogram "file"`',
             )

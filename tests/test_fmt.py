@@ -1,0 +1,176 @@
+"""The canonical formatter: exact output, idempotence, comments kept, same IR, CLI."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embarkc.cli import main
+from embarkc.diagnostics import EXIT_FAILURE, EXIT_OK, EXIT_USER_ERROR, EmbarkError
+from embarkc.format import format_text
+from embarkc.frontend import load_program_text
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = sorted((ROOT / "specs").rglob("*.embark"))
+GOLDEN = sorted((ROOT / "tests" / "golden_errors").glob("*.embark"))
+
+MESSY = """\
+# head comment
+
+include "hw.embark"   # trailing on include
+defaults {
+    dim 16     # trailing on dim
+
+
+    # standalone in block
+  pooling sum
+}
+tables t[0..99] {rows 1000   hotness 1 access zipf( 1.1 , sorted ) optimizer adam{lr 0.001} }
+table a { rows 40M
+  hotness mean 2 max 10 }
+model {batch 64 bottom_mlp [ 1, 2, ] interaction dcnv2 {}}
+plan { table a { row_shards 2 .. column_shards .. 4 } colocate a , t0
+  # before end
+}
+# end comment
+"""
+
+CANONICAL = """\
+# head comment
+
+include "hw.embark"  # trailing on include
+
+defaults {
+  dim 16  # trailing on dim
+
+  # standalone in block
+  pooling sum
+}
+
+tables t[0..99] { rows 1000 hotness 1 access zipf(1.1, sorted) optimizer adam { lr 0.001 } }
+
+table a {
+  rows 40M
+  hotness mean 2 max 10
+}
+
+model { batch 64 bottom_mlp [1, 2] interaction dcnv2 {} }
+
+plan {
+  table a { row_shards 2.. column_shards ..4 }
+  colocate a, t0
+  # before end
+}
+# end comment
+"""
+
+
+def _semantic(text: str, folder: Path) -> dict:
+    """The lowered IR without spans and source hashes (what formatting must not change);
+    includes resolve in `folder`."""
+    program = load_program_text(text, str(folder / "spec.embark"))
+    dump = program.model_dump(mode="json")
+    dump.pop("sources")
+
+    def strip(v: object) -> object:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k != "span"}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    return strip(dump)  # type: ignore[return-value]
+
+
+def _comments(text: str) -> list[str]:
+    return [line.split("#", 1)[1].strip() for line in text.splitlines() if "#" in line]
+
+
+def test_messy_spec_formats_to_the_canonical_text() -> None:
+    assert format_text(MESSY) == CANONICAL
+
+
+def test_formatting_keeps_every_comment_in_order() -> None:
+    assert _comments(format_text(MESSY)) == _comments(MESSY)
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_shipped_specs_are_canonical(path: Path) -> None:
+    text = path.read_text()
+    assert format_text(text) == text
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
+def test_formatting_is_idempotent(path: Path) -> None:
+    try:
+        text = path.read_text()
+        once = format_text(text)
+    except (EmbarkError, UnicodeDecodeError):
+        return
+    assert format_text(once) == once
+    assert _comments(once) == _comments(text)
+
+
+def test_formatting_does_not_change_the_ir(tmp_path: Path) -> None:
+    fixed = MESSY.replace("dcnv2 {}", "dcnv2 {}").replace("plan {", "plan {\n  seed 1")
+    fixed = fixed.replace("{rows 1000", "{rows 1000 dim 8")
+    (tmp_path / "hw.embark").write_text("hardware { preset dgx_h100 nodes 2 }\n")
+    assert _semantic(format_text(fixed), tmp_path) == _semantic(fixed, tmp_path)
+    for path in SPECS:
+        if path.parent.name == "hardware":  # an include, not a whole spec
+            continue
+        text = path.read_text()
+        messy = re.sub(r"\n", "\n\n   ", text).replace("{", " {\n")
+        assert _semantic(format_text(messy), path.parent) == _semantic(text, path.parent)
+
+
+_WS = st.sampled_from([" ", "  ", "\n", " \n  ", "\t"])
+_TOKEN = re.compile(r'"[^"\n]*"|[A-Za-z0-9_.-]+(?:/s)?|\S')
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.lists(_WS, min_size=50, max_size=50))
+def test_whitespace_does_not_matter(spaces: list[str]) -> None:
+    text = (ROOT / "specs" / "tiny.embark").read_text()
+    bare = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    tokens = _TOKEN.findall(bare)
+    respaced = "".join(t + spaces[i % len(spaces)] for i, t in enumerate(tokens))
+    out = format_text(respaced)
+    assert format_text(out) == out
+    specs = ROOT / "specs"
+    assert _semantic(out, specs) == _semantic(text, specs)
+
+
+def test_fmt_check_reports_files_that_would_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.embark"
+    bad = tmp_path / "bad.embark"
+    good.write_text(CANONICAL)
+    bad.write_text(MESSY)
+    assert main(["fmt", "--check", str(good), str(bad)]) == EXIT_FAILURE
+    assert capsys.readouterr().out == f"would reformat {bad}\n"
+    assert bad.read_text() == MESSY
+    assert main(["fmt", "--check", str(good)]) == EXIT_OK
+
+
+def test_fmt_rewrites_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.embark"
+    bad.write_text(MESSY)
+    assert main(["fmt", str(bad)]) == EXIT_OK
+    assert bad.read_text() == CANONICAL
+    assert main(["fmt", "--check", str(bad)]) == EXIT_OK
+
+
+def test_fmt_refuses_a_spec_that_does_not_parse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "broken.embark"
+    bad.write_text("table a { rows 10\n")
+    assert main(["fmt", str(bad)]) == EXIT_USER_ERROR
+    assert "never closed" in capsys.readouterr().err
+    assert bad.read_text() == "table a { rows 10\n"
