@@ -174,7 +174,10 @@ class CudaKernels:
     "kernels/manifest.json": text}, as `render_kernels` returns them);
     device: the CUDA device (default: the current one);
     fallback: the torch implementation used for what the kernels do not cover;
-    verify: check the first call of every kernel entry against the fallback.
+    verify: check the first call of every kernel entry against the fallback;
+    poison: fill every buffer a kernel writes with NaN (floats) or -7 (integers) before the
+    launch, so that an element a kernel fails to write cannot pass for a right one (for the
+    GPU check; costs a fill per call).
     """
 
     name = "cuda"
@@ -187,6 +190,7 @@ class CudaKernels:
         device: torch.device | str | int | None = None,
         fallback: Kernels | None = None,
         verify: bool = True,
+        poison: bool = False,
     ):
         if (kernel_dir is None) == (sources is None):
             raise ValueError("give exactly one of kernel_dir and sources")
@@ -231,6 +235,7 @@ class CudaKernels:
             )
         self.fallback: Kernels = fallback if fallback is not None else TorchKernels()
         self.verify = verify
+        self.poison = poison
         self._modules: dict[str, Any] = {}
         self._functions: dict[str, Any] = {}
         self._verified: set[str] = set()
@@ -294,6 +299,12 @@ class CudaKernels:
         with self._cupy.cuda.Device(self.device.index), stream:
             fn((grid,), (block,), tuple(packed), shared_mem=shared)
         self.calls[entry] += 1
+
+    def _alloc(self, *shape: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        if not self.poison:
+            return torch.empty(*shape, dtype=dtype, device=device)
+        fill = float("nan") if dtype.is_floating_point else -7
+        return torch.full(shape, fill, dtype=dtype, device=device)
 
     def _on_device(self, *tensors: Tensor | None) -> None:
         for t in tensors:
@@ -378,7 +389,7 @@ class CudaKernels:
             self._fall("pooled_forward", str(f))
             return self._torch_forward(weight, rows, offsets, per_id_weights, mode)
         out_width = weight.shape[1] * (info.get("hotness") if mode == "concat" else 1)
-        out = torch.empty(bags, out_width, dtype=torch.float32, device=weight.device)
+        out = self._alloc(bags, out_width, dtype=torch.float32, device=weight.device)
         entry = info.entries[0]
         self._launch(info, entry, bags, [weight, rows_c, offsets_c, pw, out, bags])
         if self._first(entry):
@@ -438,7 +449,7 @@ class CudaKernels:
         unique, seg, sorted_occ = self._segments(rows.contiguous(), num_rows)
         occ_bag = bag_of_ids(offsets_c, rows.numel())
         pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
-        row_grads = torch.empty(
+        row_grads = self._alloc(
             unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
         )
         uniq_k = unique.to(rows.dtype)
@@ -613,7 +624,7 @@ class CudaKernels:
             return keys_c.clone(), torch.empty(0, dtype=torch.int64, device=keys.device)
         capacity = 1 << max(6, (2 * n - 1).bit_length())
         table = torch.full((capacity,), -1, dtype=torch.int64, device=keys.device)
-        slot_of = torch.empty(n, dtype=torch.int64, device=keys.device)
+        slot_of = self._alloc(n, dtype=torch.int64, device=keys.device)
         negative = (keys_c < 0).any()
         insert, inverse_entry = info.entries
         self._launch(info, insert, n, [keys_c, n, table, capacity - 1, slot_of])
@@ -623,7 +634,7 @@ class CudaKernels:
         unique, order = torch.sort(table[occupied])
         slot_rank = torch.empty(capacity, dtype=torch.int64, device=keys.device)
         slot_rank[occupied[order]] = torch.arange(unique.numel(), device=keys.device)
-        inverse = torch.empty(n, dtype=torch.int64, device=keys.device)
+        inverse = self._alloc(n, dtype=torch.int64, device=keys.device)
         self._launch(info, inverse_entry, n, [slot_of, slot_rank, n, inverse])
         unique = unique.to(keys.dtype)
         if self._first(insert):
@@ -655,7 +666,7 @@ class CudaKernels:
             return empty, torch.zeros(row_shards, dtype=torch.int64, device=dev), empty.clone()
         count, scatter = info.entries
         blocks = _ceil_div(n, int(info.get("block", 256)))
-        block_counts = torch.empty(row_shards * blocks, dtype=torch.int64, device=dev)
+        block_counts = self._alloc(row_shards * blocks, dtype=torch.int64, device=dev)
         bad = torch.zeros(1, dtype=torch.int32, device=dev)
         self._launch(
             info, count, n, [keys_c, n, rows, row_shards, block_counts, bad], shared=shared
@@ -664,8 +675,8 @@ class CudaKernels:
         counts = block_counts.view(row_shards, blocks).sum(1)
         if int(bad.item()):
             raise ValueError(f"bucketize: {int(bad.item())} keys outside [0, {rows}) of the table")
-        order = torch.empty(n, dtype=torch.int64, device=dev)
-        local = torch.empty(n, dtype=torch.int64, device=dev)
+        order = self._alloc(n, dtype=torch.int64, device=dev)
+        local = self._alloc(n, dtype=torch.int64, device=dev)
         self._launch(
             info, scatter, n, [keys_c, n, rows, row_shards, base, order, local], shared=shared
         )
@@ -687,7 +698,7 @@ class CudaKernels:
             self._fall("gather_rows", str(f))
             return self.fallback.gather_rows(src, index)
         index_c = index.contiguous()
-        out = torch.empty(index_c.numel(), src.shape[1], dtype=src.dtype, device=src.device)
+        out = self._alloc(index_c.numel(), src.shape[1], dtype=src.dtype, device=src.device)
         entry = info.entries[0]
         self._launch(info, entry, index_c.numel(), [src, index_c, out, index_c.numel()])
         if self._first(entry):

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU check and benchmark of embarkc's generated CUDA kernels: every kernel family against
+# the torch path on random data, then bandwidth and speed against torch.nn.EmbeddingBag
+# (and FBGEMM's TBE where installed). Needs a CUDA GPU with torch and cupy (cupy-cuda12x or
+# cupy-cuda13x); no network, no install of this repository (it runs from the checkout).
+#
+#   bench/gpu/run.sh                      # check + time, markdown on stdout
+#   bench/gpu/run.sh --out bench/gpu/last_run.md
+#   bench/gpu/run.sh --sections check     # correctness only
+#   bench/gpu/run.sh --allow-no-gpu       # exits 0 on a machine without a GPU
+#
+# Exit code: 0 all checks passed, 1 a check failed, 2 no CUDA device (0 with
+# --allow-no-gpu), 124 the 5-minute budget ran out (what was measured is printed).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-python3}"
+if command -v timeout >/dev/null 2>&1; then
+  exec timeout --foreground 295 "$python" "$here/bench_kernels.py" "$@"
+fi
+exec "$python" "$here/bench_kernels.py" "$@"
