@@ -6,8 +6,8 @@ trailing partial batch is dropped. Step `s` of rank `a` of `W` ranks is samples
 `[a*b, (a+1)*b)` of a training batch, `b = batch_size // W`, so the ranks' slices
 concatenate to the global batch whatever `W` is, as with embark_runtime.synthetic.
 
-Held-out data: the last `holdout` full global batches (default `n // 20`, none when the
-dataset has a single batch; then evaluation reuses training data) are evaluation batches
+Held-out data: the last `holdout` full global batches (default `max(1, n // 20)`, none
+when the dataset has a single batch; then evaluation reuses training data) are evaluation batches
 (`eval_batch(i, rank, world)`, cycling); the others are training batches, and step `s`
 reads training batch `s mod n_train`, so the data of a step is a pure function of `s`
 (epochs wrap around) and a resumed run sees the batches the interrupted one would have.
@@ -112,7 +112,7 @@ def _split(total_batches: int, holdout: int | None, what: str) -> tuple[int, int
     if total_batches < 1:
         raise ReaderError(f"{what}: error: fewer samples than one global batch")
     if holdout is None:
-        holdout = total_batches // _HOLDOUT_FRACTION if total_batches > 1 else 0
+        holdout = max(1, total_batches // _HOLDOUT_FRACTION) if total_batches > 1 else 0
     if not 0 <= holdout < total_batches:
         raise ReaderError(
             f"{what}: error: cannot hold out {holdout} of {total_batches} global batches"
