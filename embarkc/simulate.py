@@ -176,47 +176,66 @@ def _table_stats(
     plan: Plan,
     table: PlanTable,
     row_shards: int,
-    bags: list[tuple[Bag, bool]],
+    features: list[tuple[int, bool]],
+    source: _Source,
     world: int,
+    need_ids: bool,
     need_uniq: bool,
     need_rank_uniq: bool,
 ) -> _TableStats:
-    """Counts of one table over the global batch; `bags` are its features' global bags."""
+    """Counts of one table over the global batch of its `features` (index, weighted).
+
+    Without `need_ids` only bag lengths are read (a dp table with a dense exchange needs
+    no more), which spares drawing its ids.
+    """
     b = plan.batch_size // world
     rows = table.rows
     r = row_shards
     n = np.zeros((world, r), np.int64)
     nw = np.zeros((world, r), np.int64)
     ranked: list[np.ndarray] = []
-    all_ids: list[np.ndarray] = []
-    for bag, weighted in bags:
-        bounds = bag.offsets[::b] if len(bag.offsets) > 1 else np.zeros(world + 1, np.int64)
-        per_rank = np.diff(bounds[: world + 1])
-        rank_of = np.repeat(np.arange(world, dtype=np.int64), per_rank)
-        j = row_shard_of(bag.ids, rows, r, plan.row_partition) if r > 1 else 0
-        counts = np.bincount(rank_of * r + j, minlength=world * r).reshape(world, r)
+    seen = np.zeros(rows, dtype=bool) if need_ids and rows <= (1 << 27) else None
+    present_parts: list[np.ndarray] = []
+    for i, weighted in features:
+        if not need_ids:
+            per_rank = source.lengths(i).reshape(world, b).sum(axis=1)
+            n[:, 0] += per_rank
+            if weighted:
+                nw[:, 0] += per_rank
+            continue
+        bag = source.bag(i)
+        per_rank = np.diff(bag.offsets[::b])
+        if r > 1 or need_uniq or need_rank_uniq:
+            rank_of = np.repeat(np.arange(world, dtype=np.int64), per_rank)
+        if r > 1:
+            j = row_shard_of(bag.ids, rows, r, plan.row_partition)
+            counts = np.bincount(rank_of * r + j, minlength=world * r).reshape(world, r)
+        else:
+            counts = per_rank.reshape(world, 1)
         n += counts
         if weighted:
             nw += counts
         if need_uniq or need_rank_uniq:
             ranked.append(rank_of * rows + bag.ids)
-        all_ids.append(bag.ids)
-    ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
-    distinct_shard = np.zeros(r, np.int64)
-    if len(ids):
-        if rows <= max(1 << 26, 4 * len(ids)):
-            # a presence mask is linear time; a sort is n log n on tens of millions of ids
-            seen = np.zeros(rows, dtype=bool)
-            seen[ids] = True
-            present = np.flatnonzero(seen)
+        if seen is not None:
+            # a presence mask is linear time; a sort is n log n on millions of ids
+            seen[bag.ids] = True
         else:
-            present = np.unique(ids)
-        js = (
-            row_shard_of(present, rows, r, plan.row_partition)
-            if r > 1
-            else np.zeros(len(present), np.int64)
-        )
-        distinct_shard = np.bincount(js, minlength=r)
+            present_parts.append(np.unique(bag.ids))
+    distinct_shard = np.zeros(r, np.int64)
+    if need_ids:
+        if seen is not None:
+            present = np.flatnonzero(seen)
+        elif present_parts:
+            present = np.unique(np.concatenate(present_parts))
+        else:
+            present = np.zeros(0, np.int64)
+        if r > 1:
+            distinct_shard = np.bincount(
+                row_shard_of(present, rows, r, plan.row_partition), minlength=r
+            )
+        else:
+            distinct_shard[0] = len(present)
     uniq = per_rank_uniq = None
     if ranked:
         pairs = np.unique(np.concatenate(ranked))
@@ -228,6 +247,27 @@ def _table_stats(
         if need_rank_uniq:
             per_rank_uniq = np.bincount(a, minlength=world)
     return _TableStats(n, nw, uniq, distinct_shard, per_rank_uniq)
+
+
+class _Source:
+    """Where one step's global bags come from: synthetic data or given per-rank batches."""
+
+    def bag(self, feature_index: int) -> Bag:
+        raise NotImplementedError
+
+    def lengths(self, feature_index: int) -> np.ndarray:
+        return np.diff(self.bag(feature_index).offsets)
+
+
+class _SyntheticSource(_Source):
+    def __init__(self, data: SyntheticData, step: int):
+        self.data, self.step = data, step
+
+    def bag(self, feature_index: int) -> Bag:
+        return self.data.bag(self.step, feature_index, 0, self.data.batch_size)
+
+    def lengths(self, feature_index: int) -> np.ndarray:
+        return self.data.lengths(self.step, feature_index, 0, self.data.batch_size)
 
 
 def _results_count(plan: Plan, table: str) -> tuple[int, int]:
@@ -310,11 +350,8 @@ class _StepCounter:
         for s in plan.shards:
             self.cells[s.table].append(s)
 
-    def count(self, bag_of) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
-        """Flows, and per-rank ids looked up, distinct rows updated and HBM bytes.
-
-        `bag_of(feature_index)` returns that feature's bag over the global batch.
-        """
+    def count(self, source: _Source) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
+        """Flows, and per-rank ids looked up, distinct rows updated and HBM bytes."""
         plan, w_, g, b = self.plan, self.world, self.g, self.b
         flows = _Flows(w_, g)
         ids = np.zeros(w_, np.float64)
@@ -330,13 +367,14 @@ class _StepCounter:
             r = cells[0].row_shards if cells else 1
             kind = cluster.kind
             exchange = cluster.gradient_exchange or "dense"
-            bags = [(bag_of(i), plan.features[i].weighted) for i in fidx]
             stats = _table_stats(
                 plan,
                 t,
                 r,
-                bags,
+                [(i, plan.features[i].weighted) for i in fidx],
+                source,
                 w_,
+                need_ids=kind != "dp" or exchange == "sparse",
                 need_uniq=kind == "ub",
                 need_rank_uniq=kind == "ub" or (kind == "dp" and exchange == "sparse"),
             )
@@ -498,30 +536,33 @@ def step_time_of(
 # --------------------------------------------------------------------------- public API
 
 
-def _batches_bag_of(plan: Plan, batch_by_rank: Sequence[Batch]):
-    """bag_of(feature index) over the global batch, from every rank's slice."""
-    names = [f.name for f in plan.features]
-    world = plan.world_size
-    if len(batch_by_rank) != world:
-        raise ValueError(
-            f"expected {world} per-rank batches (one per rank), got {len(batch_by_rank)}"
-        )
-    b = plan.batch_size // world
+class _BatchesSource(_Source):
+    """The global bags of a step, from every rank's slice."""
 
-    def bag_of(i: int) -> Bag:
-        parts = [batch.sparse[names[i]] for batch in batch_by_rank]
+    def __init__(self, plan: Plan, batch_by_rank: Sequence[Batch]):
+        world = plan.world_size
+        if len(batch_by_rank) != world:
+            raise ValueError(
+                f"expected {world} per-rank batches (one per rank), got {len(batch_by_rank)}"
+            )
+        self.names = [f.name for f in plan.features]
+        self.batches = batch_by_rank
+        self.b = plan.batch_size // world
+
+    def bag(self, feature_index: int) -> Bag:
+        name = self.names[feature_index]
+        parts = [batch.sparse[name] for batch in self.batches]
         for a, p in enumerate(parts):
-            if len(p.offsets) != b + 1:
+            if len(p.offsets) != self.b + 1:
                 raise ValueError(
-                    f"rank {a}'s bag of `{names[i]}` has {len(p.offsets) - 1} samples, expected {b}"
+                    f"rank {a}'s bag of `{name}` has {len(p.offsets) - 1} samples, "
+                    f"expected {self.b}"
                 )
         ids = np.concatenate([np.asarray(p.ids, dtype=np.int64) for p in parts])
         lengths = np.concatenate([np.diff(np.asarray(p.offsets, dtype=np.int64)) for p in parts])
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return Bag(ids=ids, offsets=offsets)
-
-    return bag_of
 
 
 def count_bytes(
@@ -533,7 +574,7 @@ def count_bytes(
     is present (dp clusters: their gradient exchange). The dense model's all-reduce is
     the extra entry `dense` only when `include_dense` (the embeddings do not move it).
     """
-    flows, *_ = _StepCounter(plan).count(_batches_bag_of(plan, batch_by_rank))
+    flows, *_ = _StepCounter(plan).count(_BatchesSource(plan, batch_by_rank))
     names = [c.name for c in plan.clusters] + ([DENSE_CLUSTER] if include_dense else [])
     per_cluster, _, _ = flows.totals(names)
     return {name: dict(per_cluster[name]) for name in names}
@@ -558,9 +599,7 @@ def simulate(plan: Plan, batches: int = 2, seed: int = 0) -> SimResult:
     tot_ids, tot_distinct, tot_hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
     step_times: list[float] = []
     for step in range(batches):
-        flows, ids, distinct, hbm = counter.count(
-            lambda i, step=step: data.bag(step, i, 0, plan.batch_size)
-        )
+        flows, ids, distinct, hbm = counter.count(_SyntheticSource(data, step))
         per_cluster, sent, recv = flows.totals(cluster_names)
         for c, v in per_cluster.items():
             for lk in ("intra", "inter"):

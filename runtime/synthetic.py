@@ -131,7 +131,7 @@ def stream_base(*parts: int) -> int:
 
 def uniforms(base: int, counters: np.ndarray) -> np.ndarray:
     """float64 in [0, 1): `(splitmix64(base + c * GOLDEN) >> 11) * 2**-53` per counter."""
-    c = np.asarray(counters, dtype=np.int64).astype(np.uint64)
+    c = np.array(counters, dtype=np.uint64)  # a fresh copy: hashed in place below
     c *= np.uint64(GOLDEN)
     c += np.uint64(base)
     _mix(c)
@@ -185,22 +185,26 @@ class ZipfSampler:
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         """Frequency ranks (int64) for uniforms u in [0, 1)."""
-        t = np.asarray(u, dtype=np.float64) * self.total
-        v = t * (self.head / self.head_total)
+        u = np.asarray(u, dtype=np.float64)
+        # v = u * Z / head_mass * H: the alias column and its fraction (head draws only)
+        v = u * (self.total / self.head_total * self.head)
         col = v.astype(np.int64)
-        np.minimum(col, self.head - 1, out=col)
-        ranks = np.where(v - col < self.alias_prob[col], col, self.alias[col])
-        if self.rows > self.head:
-            in_tail = t >= self.head_total
+        has_tail = self.rows > self.head
+        if has_tail:
+            np.minimum(col, self.head - 1, out=col)
+        v -= col
+        ranks = np.where(v < self.alias_prob[col], col, self.alias[col])
+        if has_tail:
+            in_tail = u >= self.head_total / self.total
             if np.any(in_tail):
-                x = t[in_tail] - self.head_total
+                x = u[in_tail] * self.total - self.head_total
                 a = self.alpha
                 if abs(a - 1.0) < 1e-12:
                     y = self.tail_lo * np.exp(x)
                 else:
                     y = (self.tail_lo ** (1.0 - a) + (1.0 - a) * x) ** (1.0 / (1.0 - a))
                 ranks[in_tail] = np.floor(y - 0.5).astype(np.int64)
-        np.clip(ranks, 0, self.rows - 1, out=ranks)
+            np.clip(ranks, 0, self.rows - 1, out=ranks)
         return ranks
 
 
@@ -341,10 +345,14 @@ class SyntheticData:
         for s0 in range(0, hi - lo, per_chunk):
             s1 = min(hi - lo, s0 + per_chunk)
             a, b = int(offsets[s0]), int(offsets[s1])
-            n = lengths[s0:s1]
-            sample = np.repeat(np.arange(lo + s0, lo + s1, dtype=np.int64), n)
-            pos = np.arange(a, b, dtype=np.int64) - np.repeat(offsets[s0:s1], n)
-            counters = sample * width + pos
+            if f.fixed and b - a == (s1 - s0) * width:
+                # every bag is full: the counters are consecutive
+                counters = np.arange((lo + s0) * width, (lo + s1) * width, dtype=np.int64)
+            else:
+                n = lengths[s0:s1]
+                sample = np.repeat(np.arange(lo + s0, lo + s1, dtype=np.int64), n)
+                pos = np.arange(a, b, dtype=np.int64) - np.repeat(offsets[s0:s1], n)
+                counters = sample * width + pos
             ids[a:b] = self._keys(f, uniforms(id_base, counters))
             if weights is not None:
                 weights[a:b] = 0.5 + uniforms(weight_base, counters)
