@@ -220,9 +220,3 @@ class TorchKernels:
 
     def scatter_add_rows(self, dst: Tensor, index: Tensor, src: Tensor) -> None:
         dst.index_add_(0, index, src.to(dst.dtype))
-
-
-def default_kernels(device: str | torch.device = "cpu") -> Kernels:
-    """The kernels for `device`: torch everywhere (the CUDA helper's kernels are chosen
-    explicitly by passing them to ShardedEmbeddings)."""
-    return TorchKernels()

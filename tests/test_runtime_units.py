@@ -368,3 +368,21 @@ def test_ring_bytes_and_traffic_accounting():
     assert t.as_dict() == {"c": {"intra": 5, "inter": 7}}
     assert math.isclose(Comm(1, 4, 2, torch.device("cpu")).node_of(3), 1)
     assert Comm(1, 4, 2, torch.device("cpu")).peers("rail") == [1, 3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_rank_training_on_cuda_equals_the_cpu_reference():
+    plan = _mixed_plan()
+    emb, ref = (
+        ShardedEmbeddings(plan, 0, 1, seed=3, device="cuda"),
+        ReferenceEmbeddings(plan, seed=3),
+    )
+    for step in range(2):
+        batch = random_global_batch(plan, step)
+        out, rout = emb(batch), ref(batch)
+        sum(v.sum() for v in out.values()).backward()
+        sum(v.sum() for v in rout.values()).backward()
+    for t in plan.tables:
+        assert torch.allclose(
+            emb.gather_table(t.name).cpu(), ref.table_weights(t.name), rtol=1e-5, atol=1e-6
+        )
