@@ -11,49 +11,53 @@ collectives must reproduce byte for byte.
 WHAT IS COUNTED (docs/communication.md is the definition of the bytes on the wire)
 ==========================================================================
 Wire bytes, at the sender, for messages between different ranks; intra-node when both
-ranks are on one node. Components: `distributor` (keys, bag lengths, per-id weights),
-`results` (rb/ub forward vectors and backward gradients; intra ones are the `nvlink`
-component, inter ones the `network` component), `dp_exchange` (dp tables' gradient
-exchange and the dense model's all-reduce, cluster `dense`). One detail the page leaves
-open: in hierarchical rb the rail peer of node n sends, per (sample, feature), one
-summed vector covering the union of the column ranges of the table's cells on node n.
+ranks are on one node. Each message belongs to a phase (`PHASES`): `distributor` (keys,
+bag lengths, per-id weights), `forward` (rb partials, ub vectors), `backward` (their
+gradients), `dp_exchange` (dp sparse all-gather), `ring` (dp dense all-reduce) and
+`dense` (the dense model's all-reduce, cluster `dense`). One detail the page leaves open:
+in hierarchical rb the rail peer of node n sends, per (sample, feature), one summed
+vector covering the union of the column ranges of the table's cells on node n.
 
-HBM bytes of a rank (the `lookup` component). For every cell on the rank (and every dp
-table, replicated), with L lookups served (rb: id occurrences of the cell's row shard
-over the global batch; ub: distinct ids per requester, summed over requesters; dp: the
-rank's local id occurrences), V output vectors (rb: B * F_t partials; ub: one per served
-id; dp: b * F_t), D distinct rows updated (the row shard's distinct ids over the global
-batch; a dp table with dense exchange updates all its rows), width w, element size E and
-`row_bytes` = weights plus optimizer state of one row of the cell:
+HBM bytes of a rank (the `lookup` component) follow the physical model of the planner's
+cost model (embarkc/planner/cost.py: forward lookups with key reads, pooled outputs,
+backward gradient reads and scatters, the update of every touched row, weights and state
+read and written, the requesters' summing and pooling), applied to COUNTED quantities
+instead of expectations: the ids of each row shard over the global batch, the distinct
+ids per requester and row shard, the distinct rows updated. With n ids served by a cell
+of width w, B*F outputs, D distinct rows, K = 8 key bytes, A = max(w * elem, 64) bytes
+per row read, G = max(4w, 64) per gradient access, T = 2 * (weights + state of a row):
 
-    forward   L * max(w * E, SMALL_VECTOR_BYTES)  +  V * 4w     (row reads, output writes)
-    backward  L * 4w  +  D * 4w                                  (output-gradient reads,
-                                                                  row-gradient writes)
-    update    D * (4w + 2 * row_bytes)                           (gradient read, weights and
-                                                                  state read and written)
+    rb owner     n (K + A) + 2 B F 4w + n (G + 2K) + D T;   every rank  b F 4w per cell
+    ub owner     U (K + A + 4w) + U (4w + K) + D T + 2 U K   (U = sum over requesters)
+    ub requester n_a,j (4K + 2G) + 2 U_a,j 4w per cell, + 2 b F 4 dim per table
+    dp           n_a (K + A) + 2 b F 4 dim + n_a G, and dense: 2 S + rows (T + 4 dim);
+                 sparse: (all ranks' messages) + D T + 2 n_a K
 
-and for every ub table a requester pools what it received: (L_a + V_a) * 4 * dim forward
-and (L_a + U_a) * 4 * dim backward (L_a local id occurrences, V_a = b * F_t, U_a its
-distinct ids).
+The ids a rank "looks up" are the n (rb) or U (ub) it serves and its local dp ids; its
+distinct rows are the D of its cells (every row of a dense-exchange dp table).
 
 THE CONVERSION TO TIME (`step_time_of`)
 ======================================
-A link is full duplex with the topology's per-direction bandwidth, so a rank's time on a
-link is max(bytes sent, bytes received) / (bandwidth * efficiency). Per rank:
+Links are full duplex with the topology's per-direction bandwidth, and the phases of a
+step run one after the other, so a rank's time in a phase on a link is
+max(bytes sent, bytes received) / (bandwidth * efficiency). Per rank, with `a2a` the
+number of rb/ub clusters (one all-to-all each), `hier` the hierarchical ones and `call`
+= COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY on more than one node):
 
     lookup       hbm_bytes / (hbm_bandwidth * HBM_EFFICIENCY)
-                 + 3 * KERNEL_LAUNCH_SECONDS per cluster with work on the rank
-    distributor  t_intra + t_inter of the key traffic
-                 + per rb/ub cluster: COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY, multi-node)
-    nvlink       t_intra of results and gradients + 2 * COLLECTIVE_LATENCY per rb/ub cluster
-    network      t_inter of results and gradients
-                 + 2 * INTER_NODE_LATENCY per rb/ub cluster (multi-node only)
-    dp_exchange  t_intra + t_inter of dp and dense-model gradients
-                 + per exchange: COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY, multi-node)
+                 + (3 * (a2a + [any dp]) + 2 * [ub clusters]) * KERNEL_LAUNCH_SECONDS
+    distributor  t_intra + t_inter of the key phase + a2a * call
+    nvlink       t_intra of the forward phase + t_intra of the backward phase
+    network      t_inter of the forward phase + t_inter of the backward phase
+                 + (2 * a2a + 2 * hier) * call on the network (on nvlink with one node)
+    dp_exchange  ring time (the slowest hop of the dense ring, the same for every rank)
+                 + t_intra + t_inter of the sparse all-gather + call if any dp table
 
-(latencies only where the world has more than one rank). A rank's time is the sum of
-its components; the step time is the largest rank's time (collectives wait for the
-slowest rank). The efficiencies and latencies are those of embarkc/planner/constants.py.
+(no latencies on a single rank). A rank's time is the sum of its components; the step
+time is the largest rank's time (collectives wait for the slowest rank). The dense
+model's all-reduce is the same for every plan and is reported apart
+(`dense_allreduce_time`), as the planner's estimate does. Efficiencies, latencies and wire
+sizes are those of embarkc/planner/constants.py.
 """
 
 from __future__ import annotations
@@ -65,14 +69,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from embark_runtime.keys import row_shard_of
-from embark_runtime.plan import Plan, PlanTable
+from embark_runtime.plan import DTYPE_BYTES, Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
 from embarkc.planner import constants as C
 
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
 """Components of a rank's step time, as in the plan's estimate."""
-LINK_GROUPS = ("distributor", "results", "dp_exchange")
-"""How wire bytes are grouped per rank: results split into nvlink/network by link."""
+PHASES = ("distributor", "forward", "backward", "dp_exchange", "ring", "dense")
+"""Communication phases of a step, each timed on its own: the key all-to-all, the forward
+results, the backward gradients, the dp sparse all-gather, the dp dense ring all-reduce
+and the dense model's ring all-reduce."""
+LINKS = ("intra", "inter")
 DENSE_CLUSTER = "dense"
 
 
@@ -90,7 +97,7 @@ class RankCounts:
     """Distinct rows updated on the rank."""
     hbm_bytes: float = 0.0
     sent: dict[str, dict[str, float]] = field(default_factory=dict)
-    """group (distributor | results | dp_exchange) -> {"intra", "inter"} bytes sent."""
+    """phase (see PHASES) -> {"intra", "inter"} bytes sent."""
     received: dict[str, dict[str, float]] = field(default_factory=dict)
     memory_bytes: int = 0
     components: dict[str, float] = field(default_factory=dict)
@@ -116,6 +123,8 @@ class SimResult:
     """Step time of every simulated batch on its own."""
     components: dict[str, float]
     """Components of the critical rank, seconds."""
+    dense_allreduce_time: float = 0.0
+    """The dense model's gradient all-reduce (the same for every plan; not in step_time)."""
 
 
 # --------------------------------------------------------------------------- counting
@@ -154,8 +163,8 @@ class _Flows:
         """(per-cluster {"intra","inter"}, sent[group][link] per rank, received likewise)."""
         w = self.world
         per_cluster = {c: {"intra": 0, "inter": 0} for c in clusters}
-        sent = {gr: {lk: np.zeros(w, np.int64) for lk in ("intra", "inter")} for gr in LINK_GROUPS}
-        recv = {gr: {lk: np.zeros(w, np.int64) for lk in ("intra", "inter")} for gr in LINK_GROUPS}
+        sent = {gr: {lk: np.zeros(w, np.int64) for lk in LINKS} for gr in PHASES}
+        recv = {gr: {lk: np.zeros(w, np.int64) for lk in LINKS} for gr in PHASES}
         for cluster, group, src, dst, nb in self.parts:
             intra = (src // self.g) == (dst // self.g)
             for link, m in (("intra", intra), ("inter", ~intra)):
@@ -359,6 +368,7 @@ class _StepCounter:
         hbm = np.zeros(w_, np.float64)
         ranks = np.arange(w_, dtype=np.int64)
         node = ranks // g
+        key = C.KEY_BYTES
         for t in plan.tables:
             cluster = self.cluster_of[t.name]
             fidx = self.features_of[t.name]
@@ -378,90 +388,101 @@ class _StepCounter:
                 need_uniq=kind == "ub",
                 need_rank_uniq=kind == "ub" or (kind == "dp" and exchange == "sparse"),
             )
-            e = {"fp32": 4, "fp16": 2, "bf16": 2}[t.dtype]
             local_n = stats.n.sum(axis=1)
             if kind == "dp":
-                d_rows = t.rows if exchange == "dense" else int(stats.distinct_shard.sum())
+                vec = 4 * t.dim
+                touched = _touched_row_bytes(t, t.dim)
+                local = local_n * (key + _row_access(t, t.dim)) + 2 * b * f_t * vec
+                local = local + local_n * _grad_access(t.dim)
                 ids += local_n
-                distinct += d_rows
-                hbm += _hbm(t, t.dim, e, local_n, b * f_t, d_rows)
-                if w_ > 1:
-                    if exchange == "dense":
-                        size = t.rows * t.dim * 4
+                if exchange == "dense":
+                    size = t.rows * vec
+                    distinct += t.rows
+                    # scatter into a zeroed dense gradient, then update every row
+                    hbm += local + 2 * size + t.rows * (touched + vec)
+                    if w_ > 1:
                         flows.add(
                             cluster.name,
-                            "dp_exchange",
+                            "ring",
                             ranks,
                             (ranks + 1) % w_,
                             ring_allreduce_bytes(size, w_),
                         )
-                    else:
-                        assert stats.per_rank_uniq is not None
-                        src = np.repeat(ranks, w_)
-                        dst = np.tile(ranks, w_)
-                        nb = stats.per_rank_uniq[src] * (C.KEY_BYTES + 4 * t.dim)
-                        flows.add(cluster.name, "dp_exchange", src, dst, nb)
+                else:
+                    assert stats.per_rank_uniq is not None
+                    d_rows = int(stats.distinct_shard.sum())
+                    msg = stats.per_rank_uniq * (key + vec)
+                    distinct += d_rows
+                    hbm += local + msg.sum() + d_rows * touched + local_n * 2 * key
+                    src = np.repeat(ranks, w_)
+                    dst = np.tile(ranks, w_)
+                    flows.add(cluster.name, "dp_exchange", src, dst, msg[src])
                 continue
             owners = {j: sorted({s.rank for s in cells if s.row_shard == j}) for j in range(r)}
             # distributor: once per distinct owner rank of a row shard
             for j, os_ in owners.items():
                 if kind == "rb":
                     nb = (
-                        C.KEY_BYTES * stats.n[:, j]
+                        key * stats.n[:, j]
                         + C.LENGTH_BYTES * b * nfeat
                         + C.WEIGHT_BYTES * stats.nw[:, j]
                     )
                 else:
                     assert stats.uniq is not None
-                    nb = C.KEY_BYTES * stats.uniq[:, j]
+                    nb = key * stats.uniq[:, j]
                 for o in os_:
                     flows.add(cluster.name, "distributor", ranks, o, nb)
             for s in cells:
-                w = s.width
-                j, o = s.row_shard, s.rank
+                w, j, o = s.width, s.row_shard, s.rank
+                vec = 4 * w
+                touched = _touched_row_bytes(t, w)
+                d_rows = int(stats.distinct_shard[j])
                 if kind == "rb":
-                    served = int(stats.n[:, j].sum())
+                    n = int(stats.n[:, j].sum())
                     outputs = plan.batch_size * f_t
-                    per_req = b * f_t * 4 * w
+                    hbm[o] += n * (key + _row_access(t, w)) + outputs * vec
+                    hbm[o] += outputs * vec + n * (_grad_access(w) + 2 * key) + d_rows * touched
+                    hbm += b * f_t * vec  # every requester sums the partials it receives
+                    per_req = b * f_t * vec
+                    served = n
                     if cluster.communication == "hierarchical":
                         same = node == node[o]
-                        flows.add(cluster.name, "results", o, ranks[same], per_req)
-                        flows.add(cluster.name, "results", ranks[same], o, per_req)
                         other = ranks[~same]
                         peer = node[o] * g + other % g
-                        flows.add(cluster.name, "results", o, peer, per_req)  # forward partials
-                        flows.add(cluster.name, "results", peer, o, per_req)  # backward grads
+                        flows.add(cluster.name, "forward", o, ranks[same], per_req)
+                        flows.add(cluster.name, "backward", ranks[same], o, per_req)
+                        flows.add(cluster.name, "forward", o, peer, per_req)
+                        flows.add(cluster.name, "backward", peer, o, per_req)
                     else:
-                        flows.add(cluster.name, "results", o, ranks, per_req)
-                        flows.add(cluster.name, "results", ranks, o, per_req)
+                        flows.add(cluster.name, "forward", o, ranks, per_req)
+                        flows.add(cluster.name, "backward", ranks, o, per_req)
                 else:
                     assert stats.uniq is not None
-                    served = int(stats.uniq[:, j].sum())
-                    outputs = served
-                    nb = stats.uniq[:, j] * 4 * w
-                    flows.add(cluster.name, "results", o, ranks, nb)
-                    flows.add(cluster.name, "results", ranks, o, nb)
-                d_rows = int(stats.distinct_shard[j])
+                    u = stats.uniq[:, j]
+                    served = int(u.sum())
+                    hbm[o] += served * (key + _row_access(t, w) + vec)
+                    hbm[o] += served * (vec + key) + d_rows * touched + served * 2 * key
+                    # requesters: dedup of their ids, pooling, backward scatter per id
+                    hbm += stats.n[:, j] * (4 * key + 2 * _grad_access(w)) + u * vec * 2
+                    flows.add(cluster.name, "forward", o, ranks, u * vec)
+                    flows.add(cluster.name, "backward", ranks, o, u * vec)
                 ids[o] += served
                 distinct[o] += d_rows
-                hbm[o] += _hbm(t, w, e, served, outputs, d_rows)
+            if kind == "ub":
+                hbm += 2.0 * b * f_t * 4 * t.dim
             if kind == "rb" and cluster.communication == "hierarchical":
                 for n_ in sorted({int(node[s.rank]) for s in cells}):
                     width = _union_width([s.columns for s in cells if node[s.rank] == n_])
                     other = ranks[node != n_]
                     peer = n_ * g + other % g
                     nb = b * f_t * 4 * width
-                    flows.add(cluster.name, "results", peer, other, nb)
-                    flows.add(cluster.name, "results", other, peer, nb)
-            if kind == "ub":
-                assert stats.uniq is not None
-                u_a = stats.uniq.sum(axis=1)
-                hbm += (local_n + b * f_t) * 4 * t.dim + (local_n + u_a) * 4 * t.dim
+                    flows.add(cluster.name, "forward", peer, other, nb)
+                    flows.add(cluster.name, "backward", other, peer, nb)
         params = dense_parameters(plan)
         if params and w_ > 1:
             flows.add(
                 DENSE_CLUSTER,
-                "dp_exchange",
+                "dense",
                 ranks,
                 (ranks + 1) % w_,
                 ring_allreduce_bytes(params * 4, w_),
@@ -469,14 +490,19 @@ class _StepCounter:
         return flows, ids, distinct, hbm
 
 
-def _hbm(t: PlanTable, w: int, e: int, lookups, outputs, distinct_rows):
-    """HBM bytes of one cell (module docstring): forward, backward and update."""
-    read = max(w * e, C.SMALL_VECTOR_BYTES)
-    row_bytes = t.bytes_for(1, w)
-    forward = lookups * read + outputs * 4 * w
-    backward = lookups * 4 * w + distinct_rows * 4 * w
-    update = distinct_rows * (4 * w + 2 * row_bytes)
-    return forward + backward + update
+def _row_access(t: PlanTable, w: int) -> int:
+    """HBM bytes of reading one row of width w (a DRAM sector pair at least)."""
+    return max(w * DTYPE_BYTES[t.dtype], C.SMALL_VECTOR_BYTES)
+
+
+def _grad_access(w: int) -> int:
+    """HBM bytes of reading or writing one fp32 gradient of width w."""
+    return max(w * C.WIRE_ELEMENT_BYTES, C.SMALL_VECTOR_BYTES)
+
+
+def _touched_row_bytes(t: PlanTable, w: int) -> int:
+    """The update of one row of width w: weights and optimizer state, read and written."""
+    return 2 * t.bytes_for(1, w)
 
 
 def _union_width(ranges: list[tuple[int, int]]) -> int:
@@ -492,44 +518,62 @@ def _union_width(ranges: list[tuple[int, int]]) -> int:
 # --------------------------------------------------------------------------- time
 
 
+def ring_seconds(plan: Plan, sent: dict[str, np.ndarray]) -> float:
+    """Time of ring all-reduces whose per-rank bytes sent are `sent` {"intra", "inter"}.
+
+    A ring moves in lock step, so every rank waits for the slowest hop.
+    """
+    topo = plan.topology
+    intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
+    inter_bw = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
+    hops = sent["intra"] / intra_bw + sent["inter"] / inter_bw
+    return float(hops.max()) if len(hops) else 0.0
+
+
 def step_time_of(
     plan: Plan,
     hbm_bytes: float,
     sent: dict[str, dict[str, float]],
     received: dict[str, dict[str, float]],
+    ring: float = 0.0,
 ) -> dict[str, float]:
     """Seconds per component of one rank's step (the conversion of the module docstring).
 
-    `sent` / `received`: group (distributor | results | dp_exchange) -> {"intra", "inter"}
-    bytes of this rank.
+    `sent` / `received`: phase (distributor | forward | backward | dp_exchange) ->
+    {"intra", "inter"} bytes of this rank; `ring`: seconds of the dp tables' dense ring
+    all-reduce (`ring_seconds`), the same on every rank.
     """
     topo = plan.topology
-    world = topo.world_size
-    multi_node = topo.nodes > 1
+    many = topo.world_size > 1
     intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
     inter_bw = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
 
-    def link(group: str, lk: str) -> float:
-        nbytes = max(sent.get(group, {}).get(lk, 0.0), received.get(group, {}).get(lk, 0.0))
+    def link(phase: str, lk: str) -> float:
+        nbytes = max(sent.get(phase, {}).get(lk, 0.0), received.get(phase, {}).get(lk, 0.0))
         return nbytes / (intra_bw if lk == "intra" else inter_bw)
 
-    sharded = sum(1 for c in plan.clusters if c.kind != "dp")
-    exchanges = sum(1 for c in plan.clusters if c.kind == "dp") + int(dense_parameters(plan) > 0)
-    call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if multi_node else 0.0)
-    many = world > 1
+    a2a = sum(1 for c in plan.clusters if c.kind != "dp")
+    hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
+    ub = sum(1 for c in plan.clusters if c.kind == "ub")
+    dp = int(any(c.kind == "dp" for c in plan.clusters))
+    call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if topo.nodes > 1 else 0.0)
+    results_latency = (2 * a2a + 2 * hier) * call if many else 0.0
     return {
         "lookup": hbm_bytes / (topo.hbm_bandwidth * C.HBM_EFFICIENCY)
-        + 3 * C.KERNEL_LAUNCH_SECONDS * len(plan.clusters),
+        + (3 * (a2a + dp) + 2 * ub) * C.KERNEL_LAUNCH_SECONDS,
         "distributor": link("distributor", "intra")
         + link("distributor", "inter")
-        + (sharded * call if many else 0.0),
-        "nvlink": link("results", "intra")
-        + (2 * sharded * C.COLLECTIVE_LATENCY_SECONDS if many else 0.0),
-        "network": link("results", "inter")
-        + (2 * sharded * C.INTER_NODE_LATENCY_SECONDS if multi_node else 0.0),
-        "dp_exchange": link("dp_exchange", "intra")
+        + (a2a * call if many else 0.0),
+        "nvlink": link("forward", "intra")
+        + link("backward", "intra")
+        + (results_latency if topo.nodes == 1 else 0.0),
+        "network": link("forward", "inter")
+        + link("backward", "inter")
+        + (results_latency if topo.nodes > 1 else 0.0),
+        "dp_exchange": ring
+        + link("dp_exchange", "intra")
         + link("dp_exchange", "inter")
-        + (exchanges * call if many else 0.0),
+        + (dp * call if many else 0.0),
     }
 
 
@@ -580,12 +624,13 @@ def count_bytes(
     return {name: dict(per_cluster[name]) for name in names}
 
 
-def simulate(plan: Plan, batches: int = 2, seed: int = 0) -> SimResult:
+def simulate(plan: Plan, batches: int = 2, seed: int = 0, progress=None) -> SimResult:
     """Count `batches` synthetic steps of `plan` (seed `seed`) and estimate the step time.
 
     Counts are means over the steps; the step time is that of the mean counts (and
-    `step_times` lists each step's own). Raises ValueError for an unusable plan (an
-    uneven batch split, bad histogram keys).
+    `step_times` lists each step's own). `progress(step, batches)`, when given, is called
+    before each step. Raises ValueError for an unusable plan (an uneven batch split, bad
+    histogram keys).
     """
     if batches < 1:
         raise ValueError(f"batches must be >= 1, got {batches}")
@@ -594,30 +639,34 @@ def simulate(plan: Plan, batches: int = 2, seed: int = 0) -> SimResult:
     w_ = counter.world
     cluster_names = [c.name for c in plan.clusters] + [DENSE_CLUSTER]
     tot_cluster = {c: {"intra": 0.0, "inter": 0.0} for c in cluster_names}
-    zeros = lambda: {gr: {lk: np.zeros(w_) for lk in ("intra", "inter")} for gr in LINK_GROUPS}  # noqa: E731
-    tot_sent, tot_recv = zeros(), zeros()
+    tot_sent = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
+    tot_recv = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
     tot_ids, tot_distinct, tot_hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
     step_times: list[float] = []
     for step in range(batches):
+        if progress is not None:
+            progress(step, batches)
         flows, ids, distinct, hbm = counter.count(_SyntheticSource(data, step))
         per_cluster, sent, recv = flows.totals(cluster_names)
         for c, v in per_cluster.items():
-            for lk in ("intra", "inter"):
+            for lk in LINKS:
                 tot_cluster[c][lk] += v[lk] / batches
-        for gr in LINK_GROUPS:
-            for lk in ("intra", "inter"):
+        for gr in PHASES:
+            for lk in LINKS:
                 tot_sent[gr][lk] += sent[gr][lk] / batches
                 tot_recv[gr][lk] += recv[gr][lk] / batches
         tot_ids += ids / batches
         tot_distinct += distinct / batches
         tot_hbm += hbm / batches
+        ring = ring_seconds(plan, sent["ring"])
         step_times.append(
             max(
-                sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a)).values())
+                sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a), ring).values())
                 for a in range(w_)
             )
         )
     memory = plan.memory_by_rank()
+    ring = ring_seconds(plan, tot_sent["ring"])
     per_rank = []
     for a in range(w_):
         s, rv = _of(tot_sent, a), _of(tot_recv, a)
@@ -630,10 +679,15 @@ def simulate(plan: Plan, batches: int = 2, seed: int = 0) -> SimResult:
                 sent=s,
                 received=rv,
                 memory_bytes=memory[a],
-                components=step_time_of(plan, float(tot_hbm[a]), s, rv),
+                components=step_time_of(plan, float(tot_hbm[a]), s, rv, ring),
             )
         )
     critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
+    dense = ring_seconds(plan, tot_sent["dense"])
+    if dense > 0:
+        dense += C.COLLECTIVE_LATENCY_SECONDS + (
+            C.INTER_NODE_LATENCY_SECONDS if plan.topology.nodes > 1 else 0.0
+        )
     return SimResult(
         batches=batches,
         seed=seed,
@@ -643,6 +697,7 @@ def simulate(plan: Plan, batches: int = 2, seed: int = 0) -> SimResult:
         critical_rank=critical.rank,
         step_times=step_times,
         components=dict(critical.components),
+        dense_allreduce_time=dense,
     )
 
 

@@ -10,7 +10,13 @@ import pytest
 from embark_runtime.plan import Plan
 from embark_runtime.synthetic import SyntheticData
 from embarkc.planner import constants as C
-from embarkc.simulate import count_bytes, dense_parameters, simulate, step_time_of
+from embarkc.simulate import (
+    count_bytes,
+    dense_parameters,
+    ring_seconds,
+    simulate,
+    step_time_of,
+)
 
 ZIPF = {"kind": "zipf", "alpha": 1.05, "permuted": True}
 
@@ -233,27 +239,44 @@ def test_lookup_and_distinct_counts_of_a_one_rank_plan() -> None:
 
 
 def test_step_time_conversion_by_hand() -> None:
-    plan = make_plan()
+    plan = make_plan()  # 2 nodes: rb flat, rb hierarchical, ub, two dp clusters
     sent = {
         "distributor": {"intra": 3e9, "inter": 1e9},
-        "results": {"intra": 6e9, "inter": 0.0},
+        "forward": {"intra": 6e9, "inter": 0.0},
+        "backward": {"intra": 1e9, "inter": 5e9},
         "dp_exchange": {"intra": 0.0, "inter": 2e9},
     }
     recv = {
         "distributor": {"intra": 1e9, "inter": 2e9},
-        "results": {"intra": 3e9, "inter": 4e9},
+        "forward": {"intra": 3e9, "inter": 4e9},
+        "backward": {"intra": 2e9, "inter": 1e9},
         "dp_exchange": {"intra": 0.0, "inter": 1e9},
     }
-    got = step_time_of(plan, 1.6e12, sent, recv)
+    got = step_time_of(plan, 1.6e12, sent, recv, ring=0.25)
     nv, net = 3e11 * C.NVLINK_EFFICIENCY, 2.5e10 * C.NETWORK_EFFICIENCY
     call = C.COLLECTIVE_LATENCY_SECONDS + C.INTER_NODE_LATENCY_SECONDS
-    assert got["lookup"] == pytest.approx(
-        1.6e12 / (2e12 * C.HBM_EFFICIENCY) + 3 * 5 * C.KERNEL_LAUNCH_SECONDS
-    )
+    launch = (3 * (3 + 1) + 2 * 1) * C.KERNEL_LAUNCH_SECONDS
+    assert got["lookup"] == pytest.approx(1.6e12 / (2e12 * C.HBM_EFFICIENCY) + launch)
     assert got["distributor"] == pytest.approx(3e9 / nv + 2e9 / net + 3 * call)
-    assert got["nvlink"] == pytest.approx(6e9 / nv + 6 * C.COLLECTIVE_LATENCY_SECONDS)
-    assert got["network"] == pytest.approx(4e9 / net + 6 * C.INTER_NODE_LATENCY_SECONDS)
-    assert got["dp_exchange"] == pytest.approx(2e9 / net + 3 * call)
+    assert got["nvlink"] == pytest.approx(6e9 / nv + 2e9 / nv)
+    assert got["network"] == pytest.approx(4e9 / net + 5e9 / net + (2 * 3 + 2 * 1) * call)
+    assert got["dp_exchange"] == pytest.approx(0.25 + 2e9 / net + call)
+
+
+def test_dense_ring_waits_for_the_slowest_hop() -> None:
+    plan = make_plan()
+    sent = {"intra": np.array([8e9, 0.0, 8e9, 0.0]), "inter": np.array([0.0, 8e9, 0.0, 8e9])}
+    assert ring_seconds(plan, sent) == pytest.approx(8e9 / (2.5e10 * C.NETWORK_EFFICIENCY))
+    res = simulate(plan, batches=1)
+    ring = 2 * 3 * (10 * 4 * 4) // 4 / (2.5e10 * C.NETWORK_EFFICIENCY)
+    sparse = [
+        max(rc.sent["dp_exchange"]["intra"], rc.received["dp_exchange"]["intra"]) / (3e11 * 0.75)
+        for rc in res.per_rank
+    ]
+    assert all(
+        rc.components["dp_exchange"] >= ring + s for rc, s in zip(res.per_rank, sparse, strict=True)
+    )
+    assert res.dense_allreduce_time > 0
 
 
 def test_dense_parameters_match_the_runtime_dense_model() -> None:
