@@ -616,18 +616,19 @@ def latest_checkpoint(root: str | Path, *, verify: bool = True) -> Path | None:
     return None
 
 
-def _resolve(directory: str | Path) -> Path:
-    """A checkpoint directory, or the newest complete checkpoint under a root."""
+def _resolve(directory: str | Path, verify: bool) -> tuple[Path, bool]:
+    """(checkpoint directory, whether its files were just verified) for a checkpoint
+    directory, or for a root: its newest complete checkpoint."""
     d = Path(directory)
     if not d.exists():
         raise CheckpointError(f"{d}: no such checkpoint directory")
     if (d / MANIFEST).exists() or _STEP_DIR.match(d.name):
-        return d
+        return d, False
     if _step_dirs(d):
-        latest = latest_checkpoint(d)
+        latest = latest_checkpoint(d, verify=verify)
         if latest is None:
             raise CheckpointError(f"{d}: no complete checkpoint (every step-* is damaged)")
-        return latest
+        return latest, verify
     raise CheckpointError(f"{d}: no {MANIFEST} and no step-* checkpoints inside")
 
 
@@ -743,8 +744,7 @@ def _copy_cell(
                 if not len(sel):
                     continue
                 dst = local_row(g[sel], rows, tg.row_shards, tg.partition)
-            src_t = torch.from_numpy(sel)
-            dst_t = torch.from_numpy(np.ascontiguousarray(dst))
+            src_t, dst_t = _rows_index(sel), _rows_index(dst)
             lo, hi = max(lo0, tg.columns[0]), min(hi0, tg.columns[1])
             so, do = slice(lo - lo0, hi - lo0), slice(lo - tg.columns[0], hi - tg.columns[0])
             if lo < hi:
@@ -757,6 +757,18 @@ def _copy_cell(
                     # row-wise state is replicated on every column cell: take it once,
                     # from the first column cell of the old row shard
                     out.state[k][dst_t] = state[k][src_t].to(out.state[k].dtype)
+
+
+def _rows_index(rows: np.ndarray) -> slice | torch.Tensor:
+    """A row selection as a slice when it is an increasing arithmetic progression (always
+    the case for whole chunks under mod/range partitions: a strided copy, no index
+    tensor), else as an index tensor."""
+    if len(rows) == 1:
+        return slice(int(rows[0]), int(rows[0]) + 1)
+    step = int(rows[1] - rows[0])
+    if step > 0 and np.array_equal(np.diff(rows), np.full(len(rows) - 1, step)):
+        return slice(int(rows[0]), int(rows[-1]) + 1, step)
+    return torch.from_numpy(np.ascontiguousarray(rows))
 
 
 def _check_table(
@@ -804,7 +816,8 @@ def load_checkpoint(
     """
     if not 0 <= rank < plan.world_size:
         raise CheckpointError(f"rank {rank} is not in [0, {plan.world_size}) of the plan")
-    path = _resolve(directory)
+    path, verified = _resolve(directory, verify)
+    verify = verify and not verified
     manifest = read_manifest(path)
     targets: list[_Target] = []
     for t in plan.tables:
@@ -830,7 +843,8 @@ def assemble_tables(
     State tensors are [rows, dim] (element-wise) or [rows] (row-wise). For tests and for
     exporting embeddings; it holds the whole model in memory.
     """
-    path = _resolve(directory)
+    path, verified = _resolve(directory, verify)
+    verify = verify and not verified
     manifest = read_manifest(path)
     targets = [
         _Target(name, 0, 1, (0, t["dim"]), "range", _PLAN_DTYPES[t["dtype"]])
