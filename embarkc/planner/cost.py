@@ -126,28 +126,23 @@ def access_stats(
     alpha, permuted = float(access[1]), bool(access[2])
     k = min(rows, HEAD_RANKS)
     ranks = np.arange(k, dtype=np.int64)
-    w = (ranks + 1.0) ** (-alpha)
-    tail_lo, tail_hi = k + 0.5, rows + 0.5
-    tail_w = (
-        float(_zipf_tail_mass(np.array(tail_lo), np.array(tail_hi), alpha)) if rows > k else 0.0
-    )
-    z = float(w.sum()) + tail_w
-    p = w / z
+    p, head_d, z, tail_w, tail_d = _zipf_head(rows, alpha, ns)
     if r == 1:
+        q = np.array([p.sum()])
+        d = head_d.sum(axis=1, keepdims=True)
         sh = np.zeros(k, dtype=np.int64)
     else:
         key = keymod.permute(ranks, rows, table_index) if permuted else ranks
         sh = keymod.row_shard_of(key, rows, r, partition)
-    q = np.bincount(sh, p, minlength=r)
-    d = np.stack([np.bincount(sh, _distinct(p, n), minlength=r) for n in ns])
+        q = np.bincount(sh, p, minlength=r)
+        d = np.stack([np.bincount(sh, head_d[i], minlength=r) for i in range(len(ns))])
     if rows > k:
         if permuted or partition == "mod" or r == 1:
             # the tail's keys are spread evenly over the shards' remaining rows
             head = np.bincount(sh, minlength=r).astype(np.float64)
             share = (rs - head) / (rows - k)
             q = q + (tail_w / z) * share
-            td = _zipf_tail_distinct(np.array([tail_lo]), np.array([tail_hi]), alpha, z, ns)
-            d = d + td[:, :1] * share[None, :]
+            d = d + tail_d[:, None] * share[None, :]
         else:
             # sorted ids in contiguous blocks: shard j holds ranks [j*block, (j+1)*block)
             block = -(-rows // r)
@@ -158,6 +153,26 @@ def access_stats(
             q = q + _zipf_tail_mass(lo, hi, alpha) / z
             d = d + _zipf_tail_distinct(lo, hi, alpha, z, ns)
     return q, np.minimum(d, rs[None, :])
+
+
+@lru_cache(maxsize=1024)
+def _zipf_head(
+    rows: int, alpha: float, ns: tuple[float, ...]
+) -> tuple[np.ndarray, np.ndarray, float, float, np.ndarray]:
+    """Head probabilities p (first HEAD_RANKS ranks), their distinct-id terms for every n,
+    the normaliser z, the tail's unnormalised mass and its integrated distinct ids."""
+    k = min(rows, HEAD_RANKS)
+    w = (np.arange(k, dtype=np.float64) + 1.0) ** (-alpha)
+    tail_lo, tail_hi = k + 0.5, rows + 0.5
+    tail_w = float(_zipf_tail_mass(np.array(tail_lo), np.array(tail_hi), alpha)) if rows > k else 0.0
+    z = float(w.sum()) + tail_w
+    p = w / z
+    head_d = np.stack([_distinct(p, n) for n in ns])
+    if rows > k:
+        tail_d = _zipf_tail_distinct(np.array([tail_lo]), np.array([tail_hi]), alpha, z, ns)[:, 0]
+    else:
+        tail_d = np.zeros(len(ns))
+    return p, head_d, z, tail_w, tail_d
 
 
 def access_key(access: Any) -> tuple[Any, ...]:
@@ -194,6 +209,26 @@ class TableFacts:
     """features reading the table: one bag length per (sample, feature)."""
     weighted_ids: float
     optimizer: str
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """Everything the costs depend on except the name and, for permuted ids, the index:
+        tables with equal signatures share cached cell costs."""
+        return (
+            self.rows,
+            self.dim,
+            self.elem,
+            self.state_per_elem,
+            self.state_per_row,
+            self.groups,
+            self.outputs,
+            self.bags,
+            self.weighted_ids,
+        )
+
+    def cache_key(self, r: int) -> tuple[Any, ...]:
+        permuted = any(k[0] == "zipf" and k[2] for k, _ in self.groups)
+        return (self.signature, self.index if permuted and r > 1 else -1)
 
     def cell_bytes(self, rows: float, width: int) -> tuple[float, float]:
         """(weights, optimizer state) bytes of `rows` rows of `width` columns."""
@@ -267,6 +302,8 @@ class CellValues:
     hbm_all: float
     """HBM bytes every rank moves for the table as a requester (summing partials, ub pooling)."""
     buf_all: float
+    owner: np.ndarray | None = None
+    """Cache of `owner_seconds` for these cells."""
 
 
 @dataclass
@@ -306,7 +343,9 @@ class CostModel:
             K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0
         )
         self._cells: dict[tuple[Any, ...], CellValues] = {}
-        self._dp: dict[tuple[str, str], DpValues] = {}
+        self._dp: dict[tuple[Any, str], DpValues] = {}
+        self._exchange: dict[tuple[Any, ...], str] = {}
+        self._grid: dict[tuple[Any, ...], CellValues] = {}
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -330,7 +369,7 @@ class CostModel:
         self, tf: TableFacts, kind: str, r: int, cells: tuple[tuple[int, int, int], ...]
     ) -> CellValues:
         """Costs of the cells `(row_shard, lo, hi)` of a table split into `r` row shards."""
-        key = (tf.name, kind, r, cells)
+        key = (tf.cache_key(r), kind, r, cells)
         hit = self._cells.get(key)
         if hit is not None:
             return hit
@@ -390,16 +429,22 @@ class CostModel:
         return cv
 
     def grid_values(self, tf: TableFacts, p: Placement) -> CellValues:
+        key = (tf.cache_key(p.row_shards), p.kind, p.row_shards, p.widths)
+        hit = self._grid.get(key)
+        if hit is not None:
+            return hit
         offs = p.offsets()
         cells = tuple(
             (j, offs[k], offs[k] + p.widths[k])
             for j in range(p.row_shards)
             for k in range(len(p.widths))
         )
-        return self.cell_values(tf, p.kind, p.row_shards, cells)
+        cv = self.cell_values(tf, p.kind, p.row_shards, cells)
+        self._grid[key] = cv
+        return cv
 
     def dp_values(self, tf: TableFacts, exchange: str) -> DpValues:
-        key = (tf.name, exchange)
+        key = (tf.signature, exchange)
         hit = self._dp.get(key)
         if hit is not None:
             return hit
@@ -447,12 +492,18 @@ class CostModel:
 
     def best_exchange(self, tf: TableFacts) -> str:
         """The dp gradient exchange with the smaller time per rank."""
+        hit = self._exchange.get(tf.signature)
+        if hit is not None:
+            return hit
         if self.W == 1:
-            return "sparse"
-        d, s = self.dp_values(tf, "dense"), self.dp_values(tf, "sparse")
-        td = d.exchange_time + d.hbm / self.bw_hbm
-        ts = s.exchange_time + s.hbm / self.bw_hbm
-        return "dense" if td < ts else "sparse"
+            best = "sparse"
+        else:
+            d, s = self.dp_values(tf, "dense"), self.dp_values(tf, "sparse")
+            td = d.exchange_time + d.hbm / self.bw_hbm
+            ts = s.exchange_time + s.hbm / self.bw_hbm
+            best = "dense" if td < ts else "sparse"
+        self._exchange[tf.signature] = best
+        return best
 
     # ------------------------------------------------------------------ layouts
     def state(self) -> RankState:
@@ -727,6 +778,12 @@ class RankState:
 
 def owner_seconds(cm: CostModel, cv: CellValues) -> np.ndarray:
     """Seconds each cell puts on its owner (HBM work, receiving ids, sending results)."""
+    if cv.owner is None:
+        cv.owner = _owner_seconds(cm, cv)
+    return cv.owner
+
+
+def _owner_seconds(cm: CostModel, cv: CellValues) -> np.ndarray:
     W, G = cm.W, cm.G
     return (
         cv.hbm_own / cm.bw_hbm

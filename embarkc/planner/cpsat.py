@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +117,23 @@ def _layout(g: GreedyResult, cells: list[_Cell], ranks: np.ndarray) -> Layout:
     return out
 
 
+def _base_loads(
+    cm: CostModel,
+    layout: Layout,
+    cells: list[_Cell],
+    ranks: np.ndarray,
+    free: Any,
+    times: np.ndarray | None = None,
+) -> dict[int, int]:
+    """What each rank in `free` costs besides the owner loads of the movable cells on it:
+    its full-model time minus those loads (ns). This linearises the full cost model around
+    the current placement (receiving, requester work and latencies stay where they are)."""
+    t = cm.layout_state(layout).times() if times is None else times
+    own = np.zeros(cm.W)
+    np.add.at(own, ranks, np.array([c.load for c in cells], dtype=np.float64))
+    return {int(a): max(0, int(round(t[a] * TIME_SCALE - own[a]))) for a in free}
+
+
 def _norm(t: np.ndarray) -> float:
     m = float(t.max())
     return m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM) if m > 0 else 0.0
@@ -186,13 +204,14 @@ def refine(
         return RefineResult(g.layout, "greedy", None, None, 0.0, "nothing to place")
     capacity = int(cm.capacity - replicated)
     if len(cells) * cm.W <= FULL_MODEL_LIMIT:
+        base = _base_loads(cm, g.layout, cells, greedy_ranks, range(cm.W))
         status, assign, obj, bound, dt = _solve(
             cells,
             list(range(len(cells))),
             list(range(cm.W)),
             greedy_ranks,
             capacity,
-            {},
+            base,
             {},
             time_limit,
             seed,
@@ -230,12 +249,7 @@ def _lns(
 ) -> RefineResult:
     rng = np.random.default_rng(seed)
     ranks = start.copy()
-    loads = np.zeros(cm.W, dtype=np.int64)
-    mems = np.zeros(cm.W, dtype=np.int64)
     load_v = np.array([c.load for c in cells], dtype=np.int64)
-    mem_v = np.array([c.mem for c in cells], dtype=np.int64)
-    np.add.at(loads, ranks, load_v)
-    np.add.at(mems, ranks, mem_v)
     best_layout = cur_layout = g.layout
     best_t = g.step_time
     cur_times = cm.layout_state(g.layout).times()
@@ -255,8 +269,17 @@ def _lns(
         )
         free = sorted({crit, *light, *(rest[int(e)] for e in extra)})
         idx = [i for i in range(len(cells)) if int(ranks[i]) in free]
+        base = _base_loads(cm, cur_layout, cells, ranks, free, cur_times)
         status, assign, _, _, dt = _solve(
-            cells, idx, free, ranks, capacity, {}, {}, per_step, seed + steps
+            cells,
+            idx,
+            free,
+            ranks,
+            capacity,
+            base,
+            {},
+            per_step,
+            seed + steps,
         )
         spent += dt if dt > 0 else per_step
         steps += 1
