@@ -568,3 +568,16 @@ def test_row_overlap_test_is_exact():
                                 want = bool(((sa == ja) & (sb == jb)).any())
                                 got = ckpt._rows_overlap(rows, (ja, ra, pa), (jb, rb, pb))
                                 assert got == want, (rows, ja, ra, pa, jb, rb, pb)
+
+
+def test_empty_row_shard_of_a_range_partition_round_trips(tmp_path):
+    tables_spec = {"z": (9, 4, "adam", "fp32")}
+    a = make_plan(4, "range", {"z": ("rb", 4, [(0, 2), (2, 4)])}, tables_spec)
+    assert a.row_count("z", 3, 4) == 0  # blocks of 3 rows: the last shard is empty
+    b = make_plan(2, "mod", {"z": ("ub", 3, [(0, 4)])}, tables_spec)
+    tables = global_tables(0, tables_spec)
+    save_all(tmp_path, 1, a, tables)
+    for plan in (a, b):
+        for rank in range(plan.world_size):
+            got = load_checkpoint(tmp_path, plan, rank)[1]
+            assert_same_cells(got, expected_cells(plan, tables, rank))
