@@ -26,7 +26,7 @@ from lark.lexer import PatternStr
 
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span, did_you_mean
 
-MAX_SOURCE_BYTES = 16 * 1024 * 1024
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
 """Specs are hand-written: anything bigger is a mistake (a data file passed as a spec)."""
 
 MAX_EXPECTED_SHOWN = 16
