@@ -709,22 +709,28 @@ def _of(arrs: dict[str, dict[str, np.ndarray]], a: int) -> dict[str, dict[str, f
 
 
 def compare_with_estimate(plan: Plan, result: SimResult) -> dict[str, float | None]:
-    """Relative difference (estimate - simulated) / simulated, in %, per component of the
-    critical rank, for `step_time`, and `mean_rank_time` (mean over ranks of the per-rank
-    differences of total time). None where the plan's estimate lacks the figure or the
-    simulated value is 0.
+    """How far the plan's `estimate` is from the simulation, in % of the simulated value.
+
+    Keys: every component (the estimate's critical rank against the same simulated rank),
+    `step_time`, and `mean_rank_time` (the mean over ranks of |estimate - simulated| of
+    each rank's time). Signed values are (estimate - simulated) / simulated. None where
+    the estimate lacks the figure or the simulated value is 0.
     """
     est = plan.estimate
     extra = est.model_extra or {}
     out: dict[str, float | None] = {}
-    comps = extra.get("components") or {}
+    crit = extra.get("critical_rank")
+    by_rank = {rc.rank: rc for rc in result.per_rank}
+    est_comps = extra.get("components") or {}
+    sim_comps = result.components
+    if isinstance(crit, int) and crit in by_rank:
+        sim_comps = by_rank[crit].components
     for name in COMPONENTS:
-        out[name] = _pct(comps.get(name), result.components.get(name, 0.0))
+        out[name] = _pct(est_comps.get(name), sim_comps.get(name, 0.0))
     out["step_time"] = _pct(est.step_time, result.step_time)
     diffs = []
-    sim_by_rank = {rc.rank: rc.time for rc in result.per_rank}
     for pr in est.per_rank:
-        p = _pct(pr.time, sim_by_rank.get(pr.rank, 0.0))
+        p = _pct(pr.time, by_rank[pr.rank].time if pr.rank in by_rank else 0.0)
         if p is not None:
             diffs.append(abs(p))
     out["mean_rank_time"] = float(np.mean(diffs)) if diffs else None

@@ -1,0 +1,158 @@
+"""`embarkc simulate SPEC|PLAN`: count a plan's traffic and work on sampled batches.
+
+Draws `--batches` real batches from the synthetic generator the trainer uses, counts per
+rank the ids looked up, distinct rows, HBM bytes and the bytes over NVLink and the
+network per cluster (docs/communication.md), turns them into a step time with the same
+hardware numbers as the planner (`embarkc.simulate.step_time_of`), and reports how far
+the plan's own estimate is from the counted figures. A SPEC is planned first (with the
+spec's options, or `--strategy` / `--solver`); a PLAN (a plan.json) is used as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from embarkc.diagnostics import EXIT_OK
+
+HELP = "count a plan's traffic and work on sampled batches and estimate its step time"
+
+SHOWN_RANKS = 8
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="SPEC|PLAN", help="a spec (.embark) or a plan (.json)")
+    p.add_argument("--batches", type=int, default=2, metavar="K", help="batches to draw (2)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="data seed (0)")
+    p.add_argument("--strategy", help="planning strategy for a SPEC (default: the spec's)")
+    p.add_argument("--solver", choices=("greedy", "cp-sat"), help="solver for a SPEC")
+    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit for a SPEC")
+    p.add_argument("--all-ranks", action="store_true", help="print every rank")
+
+
+def _is_plan(path: str) -> bool:
+    if path.endswith(".json"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return False
+
+
+def load_target(args: argparse.Namespace) -> Any:
+    """The plan to simulate: loaded from a plan file, or planned from a spec."""
+    from embarkc.diagnostics import EmbarkError
+
+    if not Path(args.target).exists():
+        raise EmbarkError.at(args.target, "no such file")
+    if _is_plan(args.target):
+        from embark_runtime.plan import load_plan
+
+        return load_plan(args.target)
+    from embarkc.frontend import load_program
+    from embarkc.planner import plan_program
+    from embarkc.planner.check import check_plan
+
+    program = load_program(args.target)
+    print(f"planning {args.target} ...", file=sys.stderr)
+    plan = plan_program(
+        program, strategy=args.strategy, solver=args.solver, time_limit=args.time_limit
+    )
+    check_plan(program, plan, args.target)
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    from embarkc.diagnostics import EmbarkError
+    from embarkc.simulate import compare_with_estimate, simulate
+
+    if args.batches < 1:
+        raise EmbarkError.at(args.target, f"--batches must be at least 1, got {args.batches}")
+    plan = load_target(args)
+
+    def progress(step: int, total: int) -> None:
+        print(f"simulating batch {step + 1}/{total} ...", file=sys.stderr)
+
+    start = time.perf_counter()
+    try:
+        result = simulate(plan, batches=args.batches, seed=args.seed, progress=progress)
+    except ValueError as e:
+        raise EmbarkError.at(args.target, str(e)) from None
+    wall = time.perf_counter() - start
+    print_result(plan, result, compare_with_estimate(plan, result), wall, args.all_ranks)
+    return EXIT_OK
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.3f} ms"
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:,.1f}"
+
+
+def _pct(x: float | None) -> str:
+    return "     n/a" if x is None else f"{x:+7.2f}%"
+
+
+def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_ranks: bool):
+    topo = plan.topology
+    g = topo.gpus_per_node
+    print(
+        f"simulated {result.batches} batch{'es' if result.batches != 1 else ''} of "
+        f"{plan.batch_size:,} samples on {topo.nodes} x {g} GPUs (seed {result.seed}, "
+        f"{wall:.1f} s)"
+    )
+    ranks = sorted(result.per_rank, key=lambda r: (-r.time, r.rank))
+    many = len(ranks) > 2 * SHOWN_RANKS and not all_ranks
+    shown = ranks[:SHOWN_RANKS] if many else ranks
+    print(
+        "  rank node        ids   distinct   HBM MB  NVLink MB  network MB"
+        "      time  (sent; busiest ranks first)"
+        if many
+        else "  rank node        ids   distinct   HBM MB  NVLink MB  network MB      time"
+    )
+    for r in shown if many else sorted(shown, key=lambda r: r.rank):
+        nv = sum(v["intra"] for v in r.sent.values())
+        net = sum(v["inter"] for v in r.sent.values())
+        print(
+            f"  {r.rank:4d} {r.rank // g:4d} {r.ids:10,.0f} {r.distinct:10,.0f} "
+            f"{_mb(r.hbm_bytes):>8} {_mb(nv):>10} {_mb(net):>11} {_ms(r.time):>12}"
+        )
+    if many:
+        times = [r.time for r in ranks]
+        print(
+            f"  ... {len(ranks) - len(shown)} more ranks; time min {_ms(min(times))}, "
+            f"mean {_ms(sum(times) / len(times))}, max {_ms(max(times))}"
+        )
+    print("bytes per step by cluster (MB):      intra-node   inter-node")
+    for name, v in result.clusters.items():
+        if v["intra"] or v["inter"] or name != "dense":
+            print(f"  {name:28s} {_mb(v['intra']):>14} {_mb(v['inter']):>12}")
+    print(
+        f"step time {_ms(result.step_time)} (critical rank {result.critical_rank}); "
+        f"dense all-reduce {_ms(result.dense_allreduce_time)} (apart, as in the estimate)"
+    )
+    if result.batches > 1:
+        print("  per batch: " + ", ".join(_ms(t) for t in result.step_times))
+    est = plan.estimate
+    comps = (est.model_extra or {}).get("components") or {}
+    crit = (est.model_extra or {}).get("critical_rank")
+    by_rank = {r.rank: r for r in result.per_rank}
+    sim_c = by_rank[crit].components if crit in by_rank else result.components
+    where = f"rank {crit}" if crit in by_rank else "the critical rank"
+    print(f"estimate vs simulated ({where}):   estimate    simulated   difference")
+    for name, sim in sim_c.items():
+        e = comps.get(name)
+        e_txt = _ms(e) if e is not None else "n/a"
+        print(f"  {name:22s} {e_txt:>14} {_ms(sim):>12}   {_pct(diff.get(name))}")
+    print(
+        f"  {'step time':22s} {_ms(est.step_time):>14} {_ms(result.step_time):>12}   "
+        f"{_pct(diff.get('step_time'))}"
+    )
+    if diff.get("mean_rank_time") is not None:
+        print(f"  mean |difference| of the per-rank times: {diff['mean_rank_time']:.2f}%")

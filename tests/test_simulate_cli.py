@@ -1,0 +1,57 @@
+"""`embarkc simulate`: a spec, a plan file, and user mistakes (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_simulate import make_plan
+
+from embark_runtime.plan import dumps_plan
+from embarkc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_simulate_a_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(dumps_plan(make_plan()))
+    assert main(["simulate", str(path), "--batches", "2", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "simulated 2 batches of 16 samples on 2 x 2 GPUs (seed 1" in out
+    for name in ("rb_flat", "rb_hier", "ub0", "dp_dense", "dp_sparse"):
+        assert f"  {name} " in out
+    assert "estimate vs simulated" in out and "step time" in out
+
+
+def test_simulate_a_spec_plans_it_first(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("embarkc.frontend")
+    pytest.importorskip("embarkc.planner")
+    spec = ROOT / "specs" / "tiny.embark"
+    assert main(["simulate", str(spec), "--batches", "1", "--solver", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert "on 2 x 2 GPUs" in out and "mean |difference| of the per-rank times" in out
+
+
+def test_a_corrupt_plan_is_rejected_naming_the_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(dumps_plan(make_plan()))
+    data["shards"][0]["rank"] = 99
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid plan (rule 3)" in err and "Traceback" not in err
+
+
+def test_user_mistakes_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uneven = tmp_path / "uneven.json"
+    uneven.write_text(dumps_plan(make_plan(batch=18)))
+    assert main(["simulate", str(uneven)]) == 2
+    assert "does not split evenly over 4 ranks" in capsys.readouterr().err
+    assert main(["simulate", str(uneven), "--batches", "0"]) == 2
+    assert "--batches must be at least 1" in capsys.readouterr().err
+    assert main(["simulate", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
