@@ -404,7 +404,7 @@ def save_checkpoint(
         }
     _write_atomic(tmp / f"{stem}.json", json.dumps(sidecar, indent=1, sort_keys=True).encode())
     _fsync_dir(tmp)
-    if finalize if finalize is not None else world == 1:
+    if world == 1 if finalize is None else finalize:
         return finalize_checkpoint(root, step, plan, world)
     return tmp
 
