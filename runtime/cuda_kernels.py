@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -146,6 +146,87 @@ class KernelIndex:
         return found[0] if found else None
 
 
+class Launcher(Protocol):
+    """Compiles kernel sources and launches their entries (CUDA through cupy, or a host
+    emulation in the tests)."""
+
+    compiled: int
+
+    def launch(
+        self,
+        source: str,
+        entry: str,
+        grid: int,
+        block: int,
+        shared: int,
+        args: list[tuple[str, int | float]],
+    ) -> None: ...
+
+
+class CupyLauncher:
+    """NVRTC through cupy; modules cached by the sha256 of their source (and on disk by
+    cupy's kernel cache); launches on torch's current stream of `device`."""
+
+    def __init__(self, device: torch.device):
+        import cupy
+
+        self.cupy = cupy
+        self.device = device
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
+
+    @property
+    def compiled(self) -> int:
+        return len(self._modules)
+
+    def launch(self, source, entry, grid, block, shared, args) -> None:
+        import numpy as np
+
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        fn = self._functions.get((digest, entry))
+        if fn is None:
+            module = self._modules.get(digest)
+            if module is None:
+                with self.cupy.cuda.Device(self.device.index):
+                    # cupy adds -arch for the present device
+                    module = self.cupy.RawModule(code=source, options=("--std=c++17",))
+                    module.compile()
+                self._modules[digest] = module
+            fn = module.get_function(entry)
+            self._functions[(digest, entry)] = fn
+        conv = {"ptr": np.uint64, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+        packed = tuple(conv[kind](value) for kind, value in args)
+        stream = self.cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
+        with self.cupy.cuda.Device(self.device.index), stream:
+            fn((grid,), (block,), packed, shared_mem=shared)
+
+
+def _cuda_device(device: torch.device | str | int | None) -> torch.device:
+    """The CUDA device to run on; CudaUnavailable when there is none fit for the kernels."""
+    if not torch.cuda.is_available():
+        raise CudaUnavailable("no CUDA device is available to torch")
+    try:
+        import cupy  # noqa: F401
+    except ImportError as e:
+        raise CudaUnavailable(
+            f"cupy is not installed ({e}); install cupy-cuda12x or cupy-cuda13x"
+        ) from None
+    if device is None:
+        device = torch.cuda.current_device()
+    dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if dev.type != "cuda":
+        raise CudaUnavailable(f"device {dev} is not a CUDA device")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    major, minor = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        raise CudaUnavailable(
+            f"the generated kernels need compute capability 8.0 or newer; "
+            f"{torch.cuda.get_device_name(dev)} has {major}.{minor}"
+        )
+    return dev
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -177,7 +258,9 @@ class CudaKernels:
     verify: check the first call of every kernel entry against the fallback;
     poison: fill every buffer a kernel writes with NaN (floats) or -7 (integers) before the
     launch, so that an element a kernel fails to write cannot pass for a right one (for the
-    GPU check; costs a fill per call).
+    GPU check; costs a fill per call);
+    launcher: how kernels are compiled and launched (default: NVRTC and CUDA through cupy;
+    the tests pass a host emulation that runs the same sources on the CPU).
     """
 
     name = "cuda"
@@ -191,6 +274,7 @@ class CudaKernels:
         fallback: Kernels | None = None,
         verify: bool = True,
         poison: bool = False,
+        launcher: Launcher | None = None,
     ):
         if (kernel_dir is None) == (sources is None):
             raise ValueError("give exactly one of kernel_dir and sources")
@@ -211,33 +295,17 @@ class CudaKernels:
         except json.JSONDecodeError as e:
             raise CudaUnavailable(f"{where}: not valid JSON ({e})") from None
         self.index = KernelIndex(manifest, where)
-        if not torch.cuda.is_available():
-            raise CudaUnavailable("no CUDA device is available to torch")
-        try:
-            import cupy
-        except ImportError as e:
-            raise CudaUnavailable(
-                f"cupy is not installed ({e}); install cupy-cuda12x or cupy-cuda13x"
-            ) from None
-        self._cupy = cupy
-        if device is None:
-            device = torch.cuda.current_device()
-        self.device = (
-            torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        )
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        major, minor = torch.cuda.get_device_capability(self.device)
-        if major < 8:
-            raise CudaUnavailable(
-                f"the generated kernels need compute capability 8.0 or newer; "
-                f"{torch.cuda.get_device_name(self.device)} has {major}.{minor}"
-            )
+        self.launcher: Launcher
+        if launcher is not None:
+            # a host emulation (tests): tensors live on the CPU, pointers are host pointers
+            self.device = torch.device(device if device is not None else "cpu")
+            self.launcher = launcher
+        else:
+            self.device = _cuda_device(device)
+            self.launcher = CupyLauncher(self.device)
         self.fallback: Kernels = fallback if fallback is not None else TorchKernels()
         self.verify = verify
         self.poison = poison
-        self._modules: dict[str, Any] = {}
-        self._functions: dict[str, Any] = {}
         self._verified: set[str] = set()
         self.calls: Counter[str] = Counter()
         self.fallbacks: Counter[str] = Counter()
@@ -254,50 +322,33 @@ class CudaKernels:
         except OSError as e:
             raise CudaUnavailable(f"{self._dir / rel}: cannot read ({e.strerror})") from None
 
-    def _function(self, info: KernelInfo, entry: str) -> Any:
-        fn = self._functions.get(entry)
-        if fn is not None:
-            return fn
-        source = self._read(info.file)
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        module = self._modules.get(digest)
-        if module is None:
-            with self._cupy.cuda.Device(self.device.index):
-                # cupy adds -arch for the present device and caches the binary on disk
-                module = self._cupy.RawModule(code=source, options=("--std=c++17",))
-                module.compile()
-            self._modules[digest] = module
-        fn = module.get_function(entry)
-        self._functions[entry] = fn
-        return fn
-
     def _launch(
         self, info: KernelInfo, entry: str, items: int, args: list[Any], shared: int = 0
     ) -> None:
-        """Launch `entry` over `items` groups (GROUP threads each, BLOCK per block)."""
-        import numpy as np
+        """Launch `entry` over `items` groups (GROUP threads each, BLOCK per block).
 
+        Arguments: a tensor passes its data pointer, None a null pointer, an int an i64,
+        a float an fp32, a (kind, value) pair that kind (the kernels' parameter types)."""
         group = int(info.get("group", 1))
         block = int(info.get("block", 256))
         grid = _ceil_div(items * group, block)
         if grid == 0:
             return
-        packed = []
+        packed: list[tuple[str, Any]] = []
         for a in args:
-            if isinstance(a, Tensor):
-                packed.append(np.uint64(a.data_ptr()))
+            if isinstance(a, tuple):  # already typed: (kind, value)
+                packed.append(a)
+            elif isinstance(a, Tensor):
+                packed.append(("ptr", a.data_ptr()))
             elif a is None:
-                packed.append(np.uint64(0))
+                packed.append(("ptr", 0))
             elif isinstance(a, bool):
                 raise TypeError("no bool kernel arguments")
             elif isinstance(a, int):
-                packed.append(np.int64(a))
+                packed.append(("i64", a))
             else:
-                packed.append(np.float32(a))
-        fn = self._function(info, entry)
-        stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
-        with self._cupy.cuda.Device(self.device.index), stream:
-            fn((grid,), (block,), tuple(packed), shared_mem=shared)
+                packed.append(("f32", float(a)))
+        self.launcher.launch(self._read(info.file), entry, grid, block, shared, packed)
         self.calls[entry] += 1
 
     def _alloc(self, *shape: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -308,7 +359,7 @@ class CudaKernels:
 
     def _on_device(self, *tensors: Tensor | None) -> None:
         for t in tensors:
-            if t is not None and (t.device.type != "cuda" or t.device != self.device):
+            if t is not None and t.device != self.device:
                 raise _Fallback(f"tensor on {t.device}, kernels on {self.device}")
 
     @staticmethod
@@ -736,17 +787,19 @@ class CudaKernels:
         fell = sum(self.fallbacks.values())
         return (
             f"generated CUDA kernels ({len(self.index.kernels)} in the manifest, "
-            f"{len(self._modules)} compiled; {used} launches, {fell} calls on the torch path)"
+            f"{self.launcher.compiled} compiled; {used} launches, {fell} calls on the torch path)"
         )
 
 
-def _opt_args(params: OptimizerParamsLike) -> list[float]:
+def _opt_args(params: OptimizerParamsLike) -> list[tuple[str, float]]:
+    """lr, eps, beta1, beta2, weight_decay as the update kernels take them (betas in
+    double, so that 1 - beta and 1 - beta^t match the torch path's Python floats)."""
     return [
-        float(params.lr),
-        float(params.eps),
-        float(getattr(params, "beta1", 0.9)),
-        float(getattr(params, "beta2", 0.999)),
-        float(getattr(params, "weight_decay", 0.0)),
+        ("f32", float(params.lr)),
+        ("f32", float(params.eps)),
+        ("f64", float(getattr(params, "beta1", 0.9))),
+        ("f64", float(getattr(params, "beta2", 0.999))),
+        ("f32", float(getattr(params, "weight_decay", 0.0))),
     ]
 
 
