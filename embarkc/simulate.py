@@ -338,6 +338,16 @@ def ring_allreduce_bytes(size_bytes: int, world: int) -> int:
     return 0 if world <= 1 else 2 * (world - 1) * size_bytes // world
 
 
+@dataclass
+class _Acc:
+    """One step's flows and per-rank ids, distinct rows and HBM bytes, being summed."""
+
+    flows: _Flows
+    ids: np.ndarray
+    distinct: np.ndarray
+    hbm: np.ndarray
+
+
 class _StepCounter:
     """Counts one step of a plan from its features' global bags."""
 
@@ -361,133 +371,145 @@ class _StepCounter:
 
     def count(self, source: _Source) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
         """Flows, and per-rank ids looked up, distinct rows updated and HBM bytes."""
-        plan, w_, g, b = self.plan, self.world, self.g, self.b
-        flows = _Flows(w_, g)
-        ids = np.zeros(w_, np.float64)
-        distinct = np.zeros(w_, np.float64)
-        hbm = np.zeros(w_, np.float64)
+        acc = self.start()
+        for t in self.plan.tables:
+            self.count_table(acc, t, source)
+        return self.finish(acc)
+
+    def start(self) -> _Acc:
+        w_ = self.world
+        return _Acc(_Flows(w_, self.g), np.zeros(w_), np.zeros(w_), np.zeros(w_))
+
+    def finish(self, acc: _Acc) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
+        """Add the dense model's all-reduce; the step's flows and per-rank counts."""
+        w_ = self.world
         ranks = np.arange(w_, dtype=np.int64)
-        node = ranks // g
-        key = C.KEY_BYTES
-        for t in plan.tables:
-            cluster = self.cluster_of[t.name]
-            fidx = self.features_of[t.name]
-            f_t, nfeat = _results_count(plan, t.name)
-            cells = self.cells[t.name]
-            r = cells[0].row_shards if cells else 1
-            kind = cluster.kind
-            exchange = cluster.gradient_exchange or "dense"
-            stats = _table_stats(
-                plan,
-                t,
-                r,
-                [(i, plan.features[i].weighted) for i in fidx],
-                source,
-                w_,
-                need_ids=kind != "dp" or exchange == "sparse",
-                need_uniq=kind == "ub",
-                need_rank_uniq=kind == "ub" or (kind == "dp" and exchange == "sparse"),
-            )
-            local_n = stats.n.sum(axis=1)
-            if kind == "dp":
-                vec = 4 * t.dim
-                touched = _touched_row_bytes(t, t.dim)
-                local = local_n * (key + _row_access(t, t.dim)) + 2 * b * f_t * vec
-                local = local + local_n * _grad_access(t.dim)
-                ids += local_n
-                if exchange == "dense":
-                    size = t.rows * vec
-                    distinct += t.rows
-                    # scatter into a zeroed dense gradient, then update every row
-                    hbm += local + 2 * size + t.rows * (touched + vec)
-                    if w_ > 1:
-                        flows.add(
-                            cluster.name,
-                            "ring",
-                            ranks,
-                            (ranks + 1) % w_,
-                            ring_allreduce_bytes(size, w_),
-                        )
-                else:
-                    assert stats.per_rank_uniq is not None
-                    d_rows = int(stats.distinct_shard.sum())
-                    msg = stats.per_rank_uniq * (key + vec)
-                    distinct += d_rows
-                    hbm += local + msg.sum() + d_rows * touched + local_n * 2 * key
-                    src = np.repeat(ranks, w_)
-                    dst = np.tile(ranks, w_)
-                    flows.add(cluster.name, "dp_exchange", src, dst, msg[src])
-                continue
-            owners = {j: sorted({s.rank for s in cells if s.row_shard == j}) for j in range(r)}
-            # distributor: once per distinct owner rank of a row shard
-            for j, os_ in owners.items():
-                if kind == "rb":
-                    nb = (
-                        key * stats.n[:, j]
-                        + C.LENGTH_BYTES * b * nfeat
-                        + C.WEIGHT_BYTES * stats.nw[:, j]
-                    )
-                else:
-                    assert stats.uniq is not None
-                    nb = key * stats.uniq[:, j]
-                for o in os_:
-                    flows.add(cluster.name, "distributor", ranks, o, nb)
-            for s in cells:
-                w, j, o = s.width, s.row_shard, s.rank
-                vec = 4 * w
-                touched = _touched_row_bytes(t, w)
-                d_rows = int(stats.distinct_shard[j])
-                if kind == "rb":
-                    n = int(stats.n[:, j].sum())
-                    outputs = plan.batch_size * f_t
-                    hbm[o] += n * (key + _row_access(t, w)) + outputs * vec
-                    hbm[o] += outputs * vec + n * (_grad_access(w) + 2 * key) + d_rows * touched
-                    hbm += b * f_t * vec  # every requester sums the partials it receives
-                    per_req = b * f_t * vec
-                    served = n
-                    if cluster.communication == "hierarchical":
-                        same = node == node[o]
-                        other = ranks[~same]
-                        peer = node[o] * g + other % g
-                        flows.add(cluster.name, "forward", o, ranks[same], per_req)
-                        flows.add(cluster.name, "backward", ranks[same], o, per_req)
-                        flows.add(cluster.name, "forward", o, peer, per_req)
-                        flows.add(cluster.name, "backward", peer, o, per_req)
-                    else:
-                        flows.add(cluster.name, "forward", o, ranks, per_req)
-                        flows.add(cluster.name, "backward", ranks, o, per_req)
-                else:
-                    assert stats.uniq is not None
-                    u = stats.uniq[:, j]
-                    served = int(u.sum())
-                    hbm[o] += served * (key + _row_access(t, w) + vec)
-                    hbm[o] += served * (vec + key) + d_rows * touched + served * 2 * key
-                    # requesters: dedup of their ids, pooling, backward scatter per id
-                    hbm += stats.n[:, j] * (4 * key + 2 * _grad_access(w)) + u * vec * 2
-                    flows.add(cluster.name, "forward", o, ranks, u * vec)
-                    flows.add(cluster.name, "backward", ranks, o, u * vec)
-                ids[o] += served
-                distinct[o] += d_rows
-            if kind == "ub":
-                hbm += 2.0 * b * f_t * 4 * t.dim
-            if kind == "rb" and cluster.communication == "hierarchical":
-                for n_ in sorted({int(node[s.rank]) for s in cells}):
-                    width = _union_width([s.columns for s in cells if node[s.rank] == n_])
-                    other = ranks[node != n_]
-                    peer = n_ * g + other % g
-                    nb = b * f_t * 4 * width
-                    flows.add(cluster.name, "forward", peer, other, nb)
-                    flows.add(cluster.name, "backward", other, peer, nb)
-        params = dense_parameters(plan)
+        params = dense_parameters(self.plan)
         if params and w_ > 1:
-            flows.add(
+            acc.flows.add(
                 DENSE_CLUSTER,
                 "dense",
                 ranks,
                 (ranks + 1) % w_,
                 ring_allreduce_bytes(params * 4, w_),
             )
-        return flows, ids, distinct, hbm
+        return acc.flows, acc.ids, acc.distinct, acc.hbm
+
+    def count_table(self, acc: _Acc, t: PlanTable, source: _Source) -> None:
+        """Add one table's traffic and work to `acc`."""
+        plan, w_, g, b = self.plan, self.world, self.g, self.b
+        flows, ids, distinct, hbm = acc.flows, acc.ids, acc.distinct, acc.hbm
+        ranks = np.arange(w_, dtype=np.int64)
+        node = ranks // g
+        key = C.KEY_BYTES
+        cluster = self.cluster_of[t.name]
+        fidx = self.features_of[t.name]
+        f_t, nfeat = _results_count(plan, t.name)
+        cells = self.cells[t.name]
+        r = cells[0].row_shards if cells else 1
+        kind = cluster.kind
+        exchange = cluster.gradient_exchange or "dense"
+        stats = _table_stats(
+            plan,
+            t,
+            r,
+            [(i, plan.features[i].weighted) for i in fidx],
+            source,
+            w_,
+            need_ids=kind != "dp" or exchange == "sparse",
+            need_uniq=kind == "ub",
+            need_rank_uniq=kind == "ub" or (kind == "dp" and exchange == "sparse"),
+        )
+        local_n = stats.n.sum(axis=1)
+        if kind == "dp":
+            vec = 4 * t.dim
+            touched = _touched_row_bytes(t, t.dim)
+            local = local_n * (key + _row_access(t, t.dim)) + 2 * b * f_t * vec
+            local = local + local_n * _grad_access(t.dim)
+            ids += local_n
+            if exchange == "dense":
+                size = t.rows * vec
+                distinct += t.rows
+                # scatter into a zeroed dense gradient, then update every row
+                hbm += local + 2 * size + t.rows * (touched + vec)
+                if w_ > 1:
+                    flows.add(
+                        cluster.name,
+                        "ring",
+                        ranks,
+                        (ranks + 1) % w_,
+                        ring_allreduce_bytes(size, w_),
+                    )
+            else:
+                assert stats.per_rank_uniq is not None
+                d_rows = int(stats.distinct_shard.sum())
+                msg = stats.per_rank_uniq * (key + vec)
+                distinct += d_rows
+                hbm += local + msg.sum() + d_rows * touched + local_n * 2 * key
+                src = np.repeat(ranks, w_)
+                dst = np.tile(ranks, w_)
+                flows.add(cluster.name, "dp_exchange", src, dst, msg[src])
+            return
+        owners = {j: sorted({s.rank for s in cells if s.row_shard == j}) for j in range(r)}
+        # distributor: once per distinct owner rank of a row shard
+        for j, os_ in owners.items():
+            if kind == "rb":
+                nb = (
+                    key * stats.n[:, j]
+                    + C.LENGTH_BYTES * b * nfeat
+                    + C.WEIGHT_BYTES * stats.nw[:, j]
+                )
+            else:
+                assert stats.uniq is not None
+                nb = key * stats.uniq[:, j]
+            for o in os_:
+                flows.add(cluster.name, "distributor", ranks, o, nb)
+        for s in cells:
+            w, j, o = s.width, s.row_shard, s.rank
+            vec = 4 * w
+            touched = _touched_row_bytes(t, w)
+            d_rows = int(stats.distinct_shard[j])
+            if kind == "rb":
+                n = int(stats.n[:, j].sum())
+                outputs = plan.batch_size * f_t
+                hbm[o] += n * (key + _row_access(t, w)) + outputs * vec
+                hbm[o] += outputs * vec + n * (_grad_access(w) + 2 * key) + d_rows * touched
+                hbm += b * f_t * vec  # every requester sums the partials it receives
+                per_req = b * f_t * vec
+                served = n
+                if cluster.communication == "hierarchical":
+                    same = node == node[o]
+                    other = ranks[~same]
+                    peer = node[o] * g + other % g
+                    flows.add(cluster.name, "forward", o, ranks[same], per_req)
+                    flows.add(cluster.name, "backward", ranks[same], o, per_req)
+                    flows.add(cluster.name, "forward", o, peer, per_req)
+                    flows.add(cluster.name, "backward", peer, o, per_req)
+                else:
+                    flows.add(cluster.name, "forward", o, ranks, per_req)
+                    flows.add(cluster.name, "backward", ranks, o, per_req)
+            else:
+                assert stats.uniq is not None
+                u = stats.uniq[:, j]
+                served = int(u.sum())
+                hbm[o] += served * (key + _row_access(t, w) + vec)
+                hbm[o] += served * (vec + key) + d_rows * touched + served * 2 * key
+                # requesters: dedup of their ids, pooling, backward scatter per id
+                hbm += stats.n[:, j] * (4 * key + 2 * _grad_access(w)) + u * vec * 2
+                flows.add(cluster.name, "forward", o, ranks, u * vec)
+                flows.add(cluster.name, "backward", ranks, o, u * vec)
+            ids[o] += served
+            distinct[o] += d_rows
+        if kind == "ub":
+            hbm += 2.0 * b * f_t * 4 * t.dim
+        if kind == "rb" and cluster.communication == "hierarchical":
+            for n_ in sorted({int(node[s.rank]) for s in cells}):
+                width = _union_width([s.columns for s in cells if node[s.rank] == n_])
+                other = ranks[node != n_]
+                peer = n_ * g + other % g
+                nb = b * f_t * 4 * width
+                flows.add(cluster.name, "forward", peer, other, nb)
+                flows.add(cluster.name, "backward", other, peer, nb)
 
 
 def _row_access(t: PlanTable, w: int) -> int:
@@ -632,73 +654,140 @@ def simulate(plan: Plan, batches: int = 2, seed: int = 0, progress=None) -> SimR
     before each step. Raises ValueError for an unusable plan (an uneven batch split, bad
     histogram keys).
     """
+    return simulate_many([plan], batches=batches, seed=seed, progress=progress)[0]
+
+
+def simulate_many(
+    plans: Sequence[Plan], batches: int = 2, seed: int = 0, progress=None
+) -> list[SimResult]:
+    """`simulate` for several plans of the same tables, features and batch, on the same
+    batches; each table's ids are drawn once for all of them (the plans may differ in
+    topology, clusters and shards)."""
     if batches < 1:
         raise ValueError(f"batches must be >= 1, got {batches}")
-    data = SyntheticData(plan, seed=seed)
-    counter = _StepCounter(plan)
-    w_ = counter.world
-    cluster_names = [c.name for c in plan.clusters] + [DENSE_CLUSTER]
-    tot_cluster = {c: {"intra": 0.0, "inter": 0.0} for c in cluster_names}
-    tot_sent = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
-    tot_recv = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
-    tot_ids, tot_distinct, tot_hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
-    step_times: list[float] = []
+    if not plans:
+        return []
+    base = plans[0]
+    for p in plans[1:]:
+        if (
+            p.batch_size != base.batch_size
+            or p.tables != base.tables
+            or p.features != base.features
+        ):
+            raise ValueError("simulate_many needs plans of the same tables, features and batch")
+    data = SyntheticData(base, seed=seed)
+    counters = [_StepCounter(p) for p in plans]
+    totals = [_Totals(c) for c in counters]
     for step in range(batches):
         if progress is not None:
             progress(step, batches)
-        flows, ids, distinct, hbm = counter.count(_SyntheticSource(data, step))
-        per_cluster, sent, recv = flows.totals(cluster_names)
+        source = _CachedSource(_SyntheticSource(data, step))
+        accs = [c.start() for c in counters]
+        for t in base.tables:
+            for c, acc in zip(counters, accs, strict=True):
+                c.count_table(acc, t, source)
+            source.clear()
+        for c, acc, tot in zip(counters, accs, totals, strict=True):
+            tot.add(*c.finish(acc), batches)
+    return [tot.result(batches, seed) for tot in totals]
+
+
+class _CachedSource(_Source):
+    """Keeps the bags drawn for the current table, for every plan that counts it."""
+
+    def __init__(self, inner: _Source):
+        self.inner = inner
+        self.bags: dict[int, Bag] = {}
+        self.lens: dict[int, np.ndarray] = {}
+
+    def bag(self, feature_index: int) -> Bag:
+        if feature_index not in self.bags:
+            self.bags[feature_index] = self.inner.bag(feature_index)
+        return self.bags[feature_index]
+
+    def lengths(self, feature_index: int) -> np.ndarray:
+        if feature_index in self.bags:
+            return np.diff(self.bags[feature_index].offsets)
+        if feature_index not in self.lens:
+            self.lens[feature_index] = self.inner.lengths(feature_index)
+        return self.lens[feature_index]
+
+    def clear(self) -> None:
+        self.bags.clear()
+        self.lens.clear()
+
+
+class _Totals:
+    """Means over the simulated steps of one plan's counts."""
+
+    def __init__(self, counter: _StepCounter):
+        self.plan = counter.plan
+        w_ = counter.world
+        self.world = w_
+        self.cluster_names = [c.name for c in self.plan.clusters] + [DENSE_CLUSTER]
+        self.cluster = {c: {"intra": 0.0, "inter": 0.0} for c in self.cluster_names}
+        self.sent = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
+        self.recv = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
+        self.ids, self.distinct, self.hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
+        self.step_times: list[float] = []
+
+    def add(self, flows: _Flows, ids, distinct, hbm, batches: int) -> None:
+        plan = self.plan
+        per_cluster, sent, recv = flows.totals(self.cluster_names)
         for c, v in per_cluster.items():
             for lk in LINKS:
-                tot_cluster[c][lk] += v[lk] / batches
+                self.cluster[c][lk] += v[lk] / batches
         for gr in PHASES:
             for lk in LINKS:
-                tot_sent[gr][lk] += sent[gr][lk] / batches
-                tot_recv[gr][lk] += recv[gr][lk] / batches
-        tot_ids += ids / batches
-        tot_distinct += distinct / batches
-        tot_hbm += hbm / batches
+                self.sent[gr][lk] += sent[gr][lk] / batches
+                self.recv[gr][lk] += recv[gr][lk] / batches
+        self.ids += ids / batches
+        self.distinct += distinct / batches
+        self.hbm += hbm / batches
         ring = ring_seconds(plan, sent["ring"])
-        step_times.append(
+        self.step_times.append(
             max(
                 sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a), ring).values())
-                for a in range(w_)
+                for a in range(self.world)
             )
         )
-    memory = plan.memory_by_rank()
-    ring = ring_seconds(plan, tot_sent["ring"])
-    per_rank = []
-    for a in range(w_):
-        s, rv = _of(tot_sent, a), _of(tot_recv, a)
-        per_rank.append(
-            RankCounts(
-                rank=a,
-                ids=float(tot_ids[a]),
-                distinct=float(tot_distinct[a]),
-                hbm_bytes=float(tot_hbm[a]),
-                sent=s,
-                received=rv,
-                memory_bytes=memory[a],
-                components=step_time_of(plan, float(tot_hbm[a]), s, rv, ring),
+
+    def result(self, batches: int, seed: int) -> SimResult:
+        plan = self.plan
+        memory = plan.memory_by_rank()
+        ring = ring_seconds(plan, self.sent["ring"])
+        per_rank = []
+        for a in range(self.world):
+            s, rv = _of(self.sent, a), _of(self.recv, a)
+            per_rank.append(
+                RankCounts(
+                    rank=a,
+                    ids=float(self.ids[a]),
+                    distinct=float(self.distinct[a]),
+                    hbm_bytes=float(self.hbm[a]),
+                    sent=s,
+                    received=rv,
+                    memory_bytes=memory[a],
+                    components=step_time_of(plan, float(self.hbm[a]), s, rv, ring),
+                )
             )
+        critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
+        dense = ring_seconds(plan, self.sent["dense"])
+        if dense > 0:
+            dense += C.COLLECTIVE_LATENCY_SECONDS + (
+                C.INTER_NODE_LATENCY_SECONDS if plan.topology.nodes > 1 else 0.0
+            )
+        return SimResult(
+            batches=batches,
+            seed=seed,
+            per_rank=per_rank,
+            clusters=self.cluster,
+            step_time=critical.time,
+            critical_rank=critical.rank,
+            step_times=self.step_times,
+            components=dict(critical.components),
+            dense_allreduce_time=dense,
         )
-    critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
-    dense = ring_seconds(plan, tot_sent["dense"])
-    if dense > 0:
-        dense += C.COLLECTIVE_LATENCY_SECONDS + (
-            C.INTER_NODE_LATENCY_SECONDS if plan.topology.nodes > 1 else 0.0
-        )
-    return SimResult(
-        batches=batches,
-        seed=seed,
-        per_rank=per_rank,
-        clusters=tot_cluster,
-        step_time=critical.time,
-        critical_rank=critical.rank,
-        step_times=step_times,
-        components=dict(critical.components),
-        dense_allreduce_time=dense,
-    )
 
 
 def _of(arrs: dict[str, dict[str, np.ndarray]], a: int) -> dict[str, dict[str, float]]:

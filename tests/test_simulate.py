@@ -15,6 +15,7 @@ from embarkc.simulate import (
     dense_parameters,
     ring_seconds,
     simulate,
+    simulate_many,
     step_time_of,
 )
 
@@ -303,3 +304,16 @@ def test_uneven_batch_is_a_clear_error() -> None:
     plan = make_plan(batch=18)
     with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
         simulate(plan, batches=1)
+
+
+def test_simulate_many_equals_one_plan_at_a_time() -> None:
+    plans = [make_plan("mod"), make_plan("mod", nodes=1, gpus=4)]
+    many = simulate_many(plans, batches=2, seed=5)
+    for plan, got in zip(plans, many, strict=True):
+        one = simulate(plan, batches=2, seed=5)
+        assert got.step_time == one.step_time and got.step_times == one.step_times
+        assert got.clusters == one.clusters
+        assert [rc.hbm_bytes for rc in got.per_rank] == [rc.hbm_bytes for rc in one.per_rank]
+    assert many[0].clusters["rb_flat"]["inter"] > 0 == many[1].clusters["rb_flat"]["inter"]
+    with pytest.raises(ValueError, match="same tables, features and batch"):
+        simulate_many([make_plan(), make_plan(batch=32)])
