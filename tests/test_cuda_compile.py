@@ -36,7 +36,29 @@ def ptx_of(source: str, arch: str, name: str) -> str:
     return ptx
 
 
-PLANS = {"tiny": tiny_plan, "dtypes": dtype_plan, "dcnv2": dcnv2_plan}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def planned(spec: str):
+    """The planner's plan of a spec (greedy: the kernels depend on the cells, not on how
+    good the placement is)."""
+
+    def build():
+        from embarkc.frontend import load_program
+        from embarkc.planner import plan_program
+
+        return plan_program(load_program(ROOT / spec), solver="greedy", baselines=False)
+
+    return build
+
+
+PLANS = {
+    "tiny": tiny_plan,
+    "dtypes": dtype_plan,
+    "dcnv2": dcnv2_plan,
+    "tiny-planned": planned("specs/tiny.embark"),
+    "dcnv2-planned": planned("specs/paper/dcnv2.embark"),
+}
 
 
 @pytest.mark.parametrize("which", sorted(PLANS))
