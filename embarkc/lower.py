@@ -855,6 +855,14 @@ class Lowerer:
         if fld.tree.data == "hotness_fixed":
             node = vals[0]
             assert isinstance(node, Tree)
+            text = str(node.children[0])
+            if "." in text and len(node.children) == 1:
+                self.error(
+                    f"a fixed hotness is a whole number of ids, got {text}",
+                    span_of(node, fld.file),
+                    f"for bags of varying length write `hotness mean {text} max N`",
+                )
+                raise _Fail
             h = self.num(node, fld.file, what="hotness")
             return {"hotness": float(h), "max_hotness": h, "fixed": True}
         mean_node, max_node = vals
@@ -1128,6 +1136,13 @@ class Lowerer:
                     continue
                 span = span_of(item, b.file)
                 uniq = list(dict.fromkeys(names_all))
+                if len(names_all) < 2:
+                    self.error(
+                        "`colocate` needs at least two tables",
+                        span,
+                        "e.g. `colocate a, b` or `colocate t[0..3]`",
+                    )
+                    continue
                 if len(uniq) != len(names_all):
                     dup = next(n for n in names_all if names_all.count(n) > 1)
                     self.error(f"`colocate` names table `{dup}` twice", span)

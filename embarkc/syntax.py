@@ -177,6 +177,9 @@ def parse_with_comments(text: str, filename: str = "<spec>") -> tuple[Tree, list
             Diagnostic("spec is nested too deeply to parse", Span.of_file(filename)),
             {filename: text},
         ) from None
+    glued = _glued_keyword(tree, text, filename)
+    if glued is not None:
+        raise EmbarkError(glued, {filename: text})
     code_lines: dict[int, int] = {}
     for tok in tree.scan_values(lambda v: isinstance(v, Token)):
         if tok.line is not None and tok.column is not None:
@@ -194,9 +197,55 @@ def parse_with_comments(text: str, filename: str = "<spec>") -> tuple[Tree, list
     return tree, comments
 
 
+_IDENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _word_diagnostic(text: str, start: int, filename: str) -> Diagnostic:
+    """`unknown keyword` for the word starting at `start` (a keyword glued to more text)."""
+    end = start
+    while end < len(text) and (text[end] in _IDENT_CHARS or text[end] == "-"):
+        end += 1
+    word = text[start:end]
+    line = text.count("\n", 0, start) + 1
+    col = start - (text.rfind("\n", 0, start) + 1) + 1
+    keywords = set(_keywords().values())
+    hint = None
+    for kw in sorted(keywords, key=len, reverse=True):
+        if word.startswith(kw) and word[len(kw) :].isdigit():
+            hint = f"put a space between `{kw}` and `{word[len(kw) :]}`"
+            break
+    return Diagnostic(
+        f"unknown keyword `{word}`",
+        Span(filename, line, col, line, col + len(word)),
+        hint or did_you_mean(word, keywords),
+    )
+
+
+def _glued_keyword(tree: Tree, text: str, filename: str) -> Diagnostic | None:
+    """The contextual lexer matches a keyword as a prefix (`nodes2` as `nodes` `2`); a
+    keyword must end where the word ends."""
+    kw_types = _keywords()
+    for tok in tree.scan_values(lambda v: isinstance(v, Token)):
+        end = tok.end_pos
+        if tok.type in kw_types and end is not None and end < len(text):
+            if text[end] in _IDENT_CHARS:
+                return _word_diagnostic(text, tok.start_pos or 0, filename)
+    return None
+
+
 def _diagnostic(e: UnexpectedInput, text: str, filename: str) -> Diagnostic:
     line = getattr(e, "line", 0) or 0
     col = getattr(e, "column", 0) or 0
+    pos = getattr(e, "pos_in_stream", None)
+    if isinstance(e, UnexpectedToken) and e.token.type != "$END":
+        pos = e.token.start_pos
+    if pos is not None and 0 < pos <= len(text) and text[pos - 1] in _IDENT_CHARS:
+        # The error is inside a word: a keyword matched a prefix of it.
+        start = pos
+        while start > 0 and text[start - 1] in _IDENT_CHARS:
+            start -= 1
+        if text[start] not in "0123456789-":
+            return _word_diagnostic(text, start, filename)
     if isinstance(e, UnexpectedToken) and e.token.type == "$END" or isinstance(e, UnexpectedEOF):
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
