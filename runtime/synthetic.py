@@ -24,14 +24,15 @@ Ids. One uniform per (sample, position), mapped through the feature's access:
 * uniform: `key = floor(u * rows)`.
 * zipf(alpha) over a table of N rows: a frequency rank r in [0, N) is drawn with
   P(r) = w(r) / Z, where w(r) = (r + 1) ** -alpha for the head r < H = min(N, 2**16)
-  (inverse CDF by binary search in the cumulated head weights) and, for the tail r >= H,
+  and, for the tail r >= H,
   w(r) = integral of y ** -alpha dy over [r + 1/2, r + 3/2); Z = sum of the head weights
-  + the integral over [H + 1/2, N + 1/2). With t = u * Z: t < head mass picks a head
-  rank by Walker's alias method (v = t / head mass * H, column floor(v), its threshold
-  compared with the fraction of v; O(1) per id, exact probabilities); otherwise the
-  analytic inverse of the tail integral gives y and r = floor(y - 1/2). The tail weight equals (r + 1) ** -alpha to a relative
+  + the integral over [H + 1/2, N + 1/2). A draw u < (head mass) / Z picks a head rank
+  by Walker's alias method (v = u * Z / (head mass) * H, column floor(v), whose
+  threshold is compared with the fraction of v: O(1) per id, exact probabilities);
+  otherwise the analytic inverse of the tail integral at t = u * Z - (head mass) gives y
+  and r = floor(y - 1/2). The tail weight equals (r + 1) ** -alpha to a relative
   alpha * (alpha + 1) / (24 (r + 1)**2) < 1e-9, so this is zipf to within rounding, at a
-  cost independent of N (512 KiB of head table per (N, alpha)).
+  cost independent of N (about 1.5 MiB of head tables per (N, alpha)).
   permuted=True: key = `embark_runtime.keys.permute(r, N, table_index)` (table_index is the
   table's position in plan.tables); permuted=False: key = r (key 0 the hottest).
 * histogram: key `keys[i]` with probability counts[i] / sum(counts).
@@ -388,7 +389,9 @@ class SyntheticData:
         base = stream_base(self.seed, _KEY_SCORE, self._table_index[table])
         return 2.0 * uniforms(base, keys) - 1.0
 
-    def labels(self, step: int, lo: int, hi: int, dense: np.ndarray, sparse: dict[str, Bag]):
+    def labels(
+        self, step: int, lo: int, hi: int, dense: np.ndarray, sparse: dict[str, Bag]
+    ) -> np.ndarray:
         """0/1 labels (float32) of samples [lo, hi), given their dense and sparse inputs."""
         n = hi - lo
         signal = np.zeros(n)
