@@ -58,6 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("embarkc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`embarkc check x | head`): not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except Exception as e:  # the last line of defence: a bug, reported as one
         from embark_runtime.plan import PlanError
 
