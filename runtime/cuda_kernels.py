@@ -458,10 +458,15 @@ class CudaKernels:
 
     def _segments(self, rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor]:
         """(distinct rows ascending, segment bounds [U+1], occurrences sorted by row)."""
-        sorted_rows, sorted_occ = torch.sort(rows, stable=True)
+        if rows.numel():
+            lo, hi = torch.aminmax(rows)
+            if int(lo) < 0 or int(hi) >= num_rows:
+                raise IndexError(f"row index outside [0, {num_rows})")
+        # a radix sort costs a pass per key byte: sort 32-bit keys when the rows fit
+        keys = rows.to(torch.int32) if num_rows <= 2**31 - 1 else rows
+        sorted_rows, sorted_occ = torch.sort(keys, stable=True)
         unique, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
-        if unique.numel() and (int(unique[0]) < 0 or int(unique[-1]) >= num_rows):
-            raise IndexError(f"row index outside [0, {num_rows})")
+        unique = unique.to(rows.dtype)
         seg = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
         torch.cumsum(counts, 0, out=seg[1:])
         return unique, seg, sorted_occ

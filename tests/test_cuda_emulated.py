@@ -172,3 +172,14 @@ def test_calls_without_a_kernel_take_the_torch_path_and_say_why(sources, launche
     assert torch.allclose(out, TorchKernels().pooled_forward(weight, ids, offsets, None, "sum"))
     assert any("width 40" in r for r in k.fallbacks)
     assert json.loads(sources["kernels/manifest.json"])["format"] == "embark-kernels"
+
+
+def test_backward_rejects_rows_outside_the_table_like_the_torch_path(sources, launcher):
+    k = _kernels(sources, launcher)
+    grad = torch.randn(2, 128)
+    offsets = torch.tensor([0, 1, 2])
+    for bad in (torch.tensor([3, 10]), torch.tensor([3, 2**33]), torch.tensor([-1, 3])):
+        with pytest.raises(IndexError, match=r"outside \[0, 10\)"):
+            k.pooled_backward(grad, bad, offsets, None, "sum", 10)
+        with pytest.raises(IndexError):
+            TorchKernels().pooled_backward(grad, bad, offsets, None, "sum", 10)
