@@ -43,6 +43,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -214,8 +215,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that report a user's mistake (a bad checkpoint, launch or dataset)."""
     from embark_runtime.checkpoint import CheckpointError
     from embark_runtime.comm import CommError
+    from embark_runtime.embedding import PlanNotRunnable
+    from embark_runtime.readers import ReaderError
 
-    return (TrainerError, CheckpointError, CommError)
+    return (TrainerError, CheckpointError, CommError, PlanNotRunnable, ReaderError)
 
 
 # --------------------------------------------------------------------------- data
@@ -392,7 +395,7 @@ class _Reference:
             self.log.step(
                 {
                     "step": step,
-                    "loss": float(loss),
+                    "loss": loss.item(),
                     "samples_per_s": self.program.global_batch / dt,
                     "bytes": {},
                     "bytes_total": 0,
@@ -423,7 +426,8 @@ class _Reference:
                     b = self.data.eval_batch(i, rank, world)
                     scores.append(torch.sigmoid(self._logits(b)).numpy())
                     labels.append(np.asarray(b.labels))
-        _report_eval(self.log, done, np.concatenate(labels), np.concatenate(scores))
+        if labels:
+            _report_eval(self.log, done, np.concatenate(labels), np.concatenate(scores))
 
 
 def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -> None:
@@ -473,7 +477,8 @@ def _kernels(program: TrainProgram, device: torch.device) -> tuple[Any, str]:
         return None, "torch kernels (no CUDA)"
     from embark_runtime.cuda_kernels import CudaKernels
 
-    return CudaKernels(program.kernels_dir), f"generated CUDA kernels from {program.kernels_dir}"
+    kernels = CudaKernels(program.kernels_dir, device=device)
+    return kernels, f"generated CUDA kernels from {program.kernels_dir}"
 
 
 def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) -> int:
@@ -502,6 +507,35 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
         trainer.close()
 
 
+def _join_restarted_job(device: torch.device) -> None:
+    """Join a torchrun job through a store namespace of this restart attempt.
+
+    torchrun's workers share the agent's TCPStore across restarts without a per-attempt
+    prefix, so after a restart gloo can read a dead worker's address left over from the
+    previous attempt ("Connection refused" in connectFullMesh). Prefixing the store with
+    TORCHELASTIC_RESTART_COUNT isolates the attempts; init_distributed then finds the
+    default group already initialised and only builds the plan's subgroups on it.
+    """
+    import torch.distributed as dist
+
+    env = os.environ
+    if dist.is_initialized() or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    timeout = timedelta(seconds=600)
+    store = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=dist.PrefixStore(f"embark/attempt-{attempt}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+    )
+
+
 class _Sharded:
     def __init__(self, program: TrainProgram, plan: Plan, args: argparse.Namespace):
         import torch.distributed as dist
@@ -511,6 +545,7 @@ class _Sharded:
         self.program, self.plan, self.args = program, plan, args
         self.dist = dist
         self.device = _device(args)
+        _join_restarted_job(self.device)
         self.comm = init_distributed(plan, device=str(self.device))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         kernels, self.kernel_note = _kernels(program, self.device)
@@ -525,6 +560,7 @@ class _Sharded:
             kernels=kernels,
             device=self.device,
             overlap=not args.no_overlap,
+            comm=self.comm,
         )
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.device)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
@@ -583,11 +619,11 @@ class _Sharded:
 
     def run(self) -> int:
         a = self.args
-        start = self._resume()
+        start, source = self._resume()
         self.log.say(
             f"{self.program.name}: {self.world} ranks, backend {self.dist.get_backend()}, "
             f"{self.kernel_note}, device {self.device.type}; data {self.data.description}; "
-            + (f"resumed at step {start}" if start else "starting at step 0")
+            + (f"resumed from {source} at step {start}" if source else "starting at step 0")
         )
         batch = self.data.batch(start, self.rank, self.world) if start < a.steps else None
         for step in range(start, a.steps):
@@ -667,16 +703,17 @@ class _Sharded:
         self.dist.barrier()
         self.log.say(f"checkpoint after step {done} in {root}")
 
-    def _resume(self) -> int:
+    def _resume(self) -> tuple[int, Path | None]:
+        """Load the checkpoint asked for; returns (first step to train, its path or None)."""
         a = self.args
         if a.resume is None:
-            return 0
+            return 0, None
         from embark_runtime import checkpoint
 
         if a.resume == "":
             found = checkpoint.latest_checkpoint(a.checkpoint_dir)
             if found is None:
-                return 0
+                return 0, None
             path = Path(found)
         else:
             path = Path(a.resume)
@@ -702,8 +739,7 @@ class _Sharded:
             )
         else:
             self.log.say(f"{path} has no dense model: the dense part starts fresh")
-        self.log.say(f"resumed from {path} at step {step}")
-        return int(step)
+        return int(step), path
 
     def _export(self, path: Path) -> None:
         tables = {}
