@@ -76,10 +76,22 @@ def units_of(cm: CostModel) -> list[Unit]:
             if c.max_column_shards is not None:
                 max_c = min(max_c, c.max_column_shards)
             within = within or c.within_node
+        if within and cm.nodes > 1:
+            # a dp table lives on every rank, so on several nodes it is never within one
+            if kinds == {"dp"}:
+                raise EmbarkError.at(
+                    prog.sources[0].path,
+                    f"{', '.join(names)}: cluster dp puts a table on every node, which "
+                    "contradicts within_node",
+                    hint="drop within_node or pin the table to rb or ub",
+                )
+            kinds.discard("dp")
         if not kinds:
             raise EmbarkError.at(
                 prog.sources[0].path,
                 f"tables {', '.join(names)} are colocated but pinned to different clusters",
+                hint="the planner places a colocate group as one unit of one cluster kind; "
+                "pin them to the same kind or drop the colocate",
             )
         if min_r > max_r or min_c > max_c:
             raise EmbarkError.at(
