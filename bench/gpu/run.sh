@@ -13,7 +13,7 @@
 # --allow-no-gpu), 124 the 5-minute budget ran out (what was measured is printed).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-python="${PYTHON:-python3}"
+python="${PYTHON:-$(command -v python || command -v python3)}"
 if command -v timeout >/dev/null 2>&1; then
   exec timeout --foreground 295 "$python" "$here/bench_kernels.py" "$@"
 fi

@@ -472,7 +472,8 @@ def compile_ptx(source: str, *, arch: str = "sm_90", name: str = "kernel.cu") ->
         from cupy_backends.cuda.libs import nvrtc
     except ImportError as e:  # cupy missing, or its NVRTC library cannot be found
         raise NvrtcUnavailable(f"NVRTC is not available: {e}") from None
-    options = (f"-arch={ARCH_TO_COMPUTE[arch]}", "--std=c++17", "-default-device")
+    # the options the runtime compiles with (cupy adds -arch for the present device)
+    options = (f"-arch={ARCH_TO_COMPUTE[arch]}", "--std=c++17")
     prog = nvrtc.createProgram(source, name, [], [])
     try:
         try:
