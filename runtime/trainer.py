@@ -710,11 +710,15 @@ class _Sharded:
             return 0, None
         from embark_runtime import checkpoint
 
-        if a.resume == "":
-            found = checkpoint.latest_checkpoint(a.checkpoint_dir)
-            if found is None:
+        latest = None
+        if a.checkpoint_dir is not None and a.checkpoint_dir.exists():
+            latest = checkpoint.latest_checkpoint(a.checkpoint_dir)
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if a.resume == "" or (restarted and latest is not None):
+            # after a restart, what this run checkpointed itself beats the starting point
+            if latest is None:
                 return 0, None
-            path = Path(found)
+            path = Path(latest)
         else:
             path = Path(a.resume)
             if not path.exists():

@@ -3,6 +3,7 @@ lint-clean, plan-specific, and refusing to run with the wrong plan or world size
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from embark_runtime.plan import (
     Source,
     dumps_plan,
 )
+from embark_runtime.trainer import main as trainer_main
 from embarkc.codegen.program import program_render_spec, py, render_program
 from embarkc.diagnostics import EmbarkError
 from embarkc.emit import GeneratedFile, emit
@@ -187,34 +189,53 @@ def test_another_plan_gives_another_train_py(program, out_a, tmp_path):
     assert (out_a / "launch.sh").read_text() == (out_b / "launch.sh").read_text()
 
 
-def _run_train(out: Path, *args: str, env: dict[str, str] | None = None):
-    full = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
-    full.update(env or {})
-    return subprocess.run(
-        [sys.executable, str(out / "train.py"), *args],
+def _program(out: Path):
+    """The PROGRAM constant of a generated train.py, imported without running it."""
+    spec = importlib.util.spec_from_file_location(f"train_{out.name}", out / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PROGRAM
+
+
+def _train(out: Path, monkeypatch, capsys, *args: str, env: dict[str, str] | None = None):
+    """Run a generated trainer in this process; returns (exit code, stderr)."""
+    for key in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    code = trainer_main(_program(out), list(args))
+    return code, capsys.readouterr().err
+
+
+def test_generated_script_exits_2_without_a_traceback(out_a):
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    r = subprocess.run(
+        [sys.executable, str(out_a / "train.py"), "--steps", "1"],
         capture_output=True,
         text=True,
-        env=full,
+        env=env,
         timeout=120,
     )
+    assert r.returncode == 2
+    assert r.stderr.startswith("train.py: error: the plan has 4 ranks: launch with ./launch.sh")
+    assert "Traceback" not in r.stderr
 
 
-def test_trainer_refuses_a_plan_json_it_was_not_generated_for(program, out_a, tmp_path):
+def test_trainer_refuses_a_plan_json_it_was_not_generated_for(
+    program, tmp_path, monkeypatch, capsys
+):
     other = _write(program, hand_plan(program, LAYOUT_A), tmp_path)
     (other / "plan.json").write_text(dumps_plan(hand_plan(program, LAYOUT_B)))
-    r = _run_train(other, "--steps", "1")
-    assert r.returncode == 2, r.stderr
-    assert "does not match train.py: its clusters differ" in r.stderr
-    assert "Traceback" not in r.stderr
+    code, err = _train(other, monkeypatch, capsys, "--steps", "1")
+    assert code == 2
+    assert "does not match train.py: its clusters differ" in err
 
 
-def test_trainer_refuses_a_wrong_world_size_and_a_missing_launcher(out_a):
-    r = _run_train(out_a, "--steps", "1", env={"WORLD_SIZE": "3", "RANK": "0"})
-    assert r.returncode == 2
-    assert "launched with 3 processes, but the plan has 4 ranks" in r.stderr
-    r = _run_train(out_a, "--steps", "1")
-    assert r.returncode == 2 and "launch with ./launch.sh" in r.stderr
-    assert "Traceback" not in r.stderr
+def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
+    code, err = _train(out_a, monkeypatch, capsys, env={"WORLD_SIZE": "3", "RANK": "0"})
+    assert code == 2
+    assert "launched with 3 processes, but the plan has 4 ranks" in err
 
 
 @pytest.mark.parametrize(
@@ -225,11 +246,12 @@ def test_trainer_refuses_a_wrong_world_size_and_a_missing_launcher(out_a):
         (["--resume"], "needs --checkpoint-dir"),
         (["--steps", "-1"], "--steps must not be negative"),
         (["--data", "/nonexistent/day_0"], "no such file"),
+        (["--reference", "--checkpoint-dir", "c"], "does not write or read checkpoints"),
     ],
 )
-def test_trainer_option_mistakes_are_reported_cleanly(out_a, args, message):
-    r = _run_train(out_a, *args)
-    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+def test_trainer_option_mistakes_are_reported_cleanly(out_a, monkeypatch, capsys, args, message):
+    code, err = _train(out_a, monkeypatch, capsys, *args)
+    assert code == 2 and message in err
 
 
 def test_launch_sh_runs_torchrun_for_the_topology(out_a):

@@ -160,3 +160,16 @@ def test_auc_counts_ties_as_half_and_matches_pairwise_definition():
 def test_log_loss_of_perfect_and_uninformed_predictions():
     assert log_loss([1, 0], [1.0, 0.0]) < 1e-6
     assert log_loss([1, 0], [0.5, 0.5]) == pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_exported_tables_round_trip_atomically(tmp_path, suffix):
+    from embark_runtime.trainer import export_tables, load_exported
+
+    tables = {"a": np.arange(12, dtype=np.float32).reshape(4, 3), "b": np.ones((2, 5), np.float32)}
+    path = tmp_path / "sub" / f"tables{suffix}"
+    export_tables(path, tables)
+    back = load_exported(path)
+    assert sorted(back) == ["a", "b"]
+    assert all(np.array_equal(back[k], v) for k, v in tables.items())
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
