@@ -60,7 +60,7 @@ def quality(cpsat: float) -> None:
             cols = []
             for b in ("table-wise", "row-wise", "column-wise", "table-row-wise", "data-parallel"):
                 cols.append(f"{base[b] * 1e3:.3f}" if b in base else "does not fit")
-            trw = base.get("table-row-wise")
+            trw = base.get("table-row-wise", float("nan"))
             fixed = min(base.values()) if base else float("nan")
             print(
                 f"| {name} | {nodes * 8} | {g.estimate.step_time * 1e3:.3f} | {best * 1e3:.3f} "

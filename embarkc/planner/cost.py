@@ -652,6 +652,9 @@ class RankState:
         """
         cm = self.cm
         W, G, nodes = cm.W, cm.G, cm.nodes
+        if idx is None and len(ranks) == 1:
+            self._add_one(cv, int(ranks[0]), sign, hierarchical, table_level)
+            return
         sel = slice(None) if idx is None else idx
         j = cv.j[sel]
         node = ranks // G
@@ -688,6 +691,38 @@ class RankState:
             np.add.at(self.res_sent_inter_node, gn, sign * (nodes - 1) * xg)
             self.res_recv_inter_tot += sign * float(xg.sum())
             np.add.at(self.res_recv_inter_node_sub, gn, sign * xg)
+        if table_level:
+            self.hbm_all += sign * cv.hbm_all
+            self.all_buf += sign * cv.buf_all
+
+    def _add_one(
+        self, cv: CellValues, a: int, sign: float, hierarchical: bool, table_level: bool
+    ) -> None:
+        """`add_cells` for a table of one cell (the common case), without numpy calls."""
+        cm = self.cm
+        W, G, nodes = cm.W, cm.G, cm.nodes
+        n = a // G
+        self.hbm_own[a] += sign * float(cv.hbm_own[0])
+        self.weights[a] += sign * float(cv.weights[0])
+        self.state_b[a] += sign * float(cv.state[0])
+        self.buf[a] += sign * float(cv.buf_own[0])
+        d = sign * float(cv.dist[0])
+        self.dist_own[a] += d
+        self.dist_node[n] += d
+        self.dist_tot += d
+        x = sign * float(cv.res[0])
+        if not hierarchical or nodes == 1:
+            self.res_sent_intra[a] += (G - 1) * x
+            self.res_sent_inter[a] += (W - G) * x
+            self.res_recv_intra_node[n] += x
+            self.res_recv_intra_sub[a] += x
+        else:
+            self.res_sent_intra[a] += nodes * (G - 1) * x
+            self.res_recv_intra_node[n] += nodes * x
+            self.res_recv_intra_sub[a] += nodes * x
+            self.res_sent_inter_node[n] += (nodes - 1) * x
+        self.res_recv_inter_tot += x
+        self.res_recv_inter_node_sub[n] += x
         if table_level:
             self.hbm_all += sign * cv.hbm_all
             self.all_buf += sign * cv.buf_all

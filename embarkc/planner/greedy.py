@@ -50,6 +50,10 @@ class Decision:
 MULTI_START_UNITS = 1000
 """Above this many units the greedy searches one start only (planning time)."""
 
+FOUR_START_UNITS = 300
+"""Up to this many units each start is also searched placing cells by owner loads alone
+(the other mode places them by the full model's rank times): neither mode wins always."""
+
 P_NORM = 16.0
 """Exponent of the norm the search descends on (see `Search.score`)."""
 
@@ -71,8 +75,15 @@ class _Applied:
 class Search:
     """Greedy placement state: proxy loads and memory per rank, plus the exact RankState."""
 
-    def __init__(self, cm: CostModel, units: list[Unit], progress: Progress | None = None):
+    def __init__(
+        self,
+        cm: CostModel,
+        units: list[Unit],
+        progress: Progress | None = None,
+        exact_ref: bool = True,
+    ):
         self.cm = cm
+        self.exact_ref = exact_ref
         self.units = units
         self.by_name = {u.name: u for u in units}
         self.progress = progress
@@ -167,8 +178,9 @@ class Search:
         used = np.zeros(cm.W, dtype=bool)
         allowed = np.ones(cm.W, dtype=bool)
         free = cm.capacity - self.uniform_mem
-        # rank times of the exact model without this unit, plus what its cells add
-        ref = self.state.times()
+        # rank times of the exact model without this unit (or the owner loads alone, in
+        # the owner-load mode), plus what its cells add
+        ref = self.state.times() if self.exact_ref else self.loads.copy()
         for idx in order:
             room = allowed & (self.mem + mem_c[idx] <= free)
             fresh = room & ~used
@@ -402,8 +414,9 @@ def greedy(
 
     Two starts are searched and the faster result kept: the kinds the cost model prefers
     for each unit alone, and every unit sharded (rb where allowed, dp only if pinned),
-    since a plan's best kinds depend on the whole plan, not on each table alone. Programs
-    with more than `MULTI_START_UNITS` units search the first start only.
+    since a plan's best kinds depend on the whole plan, not on each table alone; small
+    programs search both in two placement modes (`FOUR_START_UNITS`), programs with more
+    than `MULTI_START_UNITS` units the first start only.
     """
     units = units_of(cm)
     check_fits(cm, units)
@@ -421,16 +434,19 @@ def greedy(
                 decisions[u.name] = Decision(k, r, c, comm)
         if decisions not in starts:
             starts.append(decisions)
-    if len(units) > MULTI_START_UNITS:
-        starts = starts[:1]
+    runs = [(d, True) for d in starts]
+    if len(units) <= FOUR_START_UNITS:
+        runs += [(d, False) for d in starts]
+    elif len(units) > MULTI_START_UNITS:
+        runs = runs[:1]
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
-    for decisions in starts:
-        search = Search(cm, units, progress)
+    for decisions, exact_ref in runs:
+        search = Search(cm, units, progress, exact_ref)
         try:
             decisions = _place_splitting(search, decisions)
         except EmbarkError:
-            if best is None and decisions is starts[-1]:
+            if best is None and (decisions, exact_ref) == runs[-1]:
                 raise
             continue
         found = _descend(search, limit)
