@@ -65,19 +65,22 @@ def run(args: argparse.Namespace) -> int:
             f"--explain: no table `{args.explain}`",
             hint=did_you_mean(args.explain, program.table_by_name),
         )
-    progress = _progress() if sys.stderr.isatty() else None
     start = time.perf_counter()
-    plan = plan_program(
-        program,
-        strategy=args.strategy,
-        solver=args.solver,
-        time_limit=args.time_limit,
-        seed=args.seed,
-        progress=progress,
+    kwargs = dict(
+        strategy=args.strategy, solver=args.solver, time_limit=args.time_limit, seed=args.seed
     )
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        with Console(stderr=True).status("planning ...") as status:
+
+            def progress(stage: str, done: float, best: float) -> None:
+                status.update(f"{stage}: {done * 100:.0f} %, best step time {_ms(best)}")
+
+            plan = plan_program(program, progress=progress, **kwargs)  # type: ignore[arg-type]
+    else:
+        plan = plan_program(program, **kwargs)  # type: ignore[arg-type]
     wall = time.perf_counter() - start
-    if progress is not None:
-        print(file=sys.stderr)
     if args.output:
         from pathlib import Path
 
@@ -88,13 +91,6 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         _explain(program, plan, args.explain)
     return EXIT_OK
-
-
-def _progress() -> Any:
-    def report(stage: str, done: float, best: float) -> None:
-        print(f"\r{stage}: {done * 100:5.1f} %  best step {_ms(best)}  ", end="", file=sys.stderr)
-
-    return report
 
 
 def _print(plan: Any, wall: float, output: str | None) -> None:

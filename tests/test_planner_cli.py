@@ -1,0 +1,56 @@
+"""`embarkc plan`: output, deterministic plan files, --explain, user errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from embark_runtime.plan import load_plan
+from embarkc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "specs" / "tiny.embark")
+
+
+def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["plan", TINY, "-o", str(a), "--solver", "cp-sat", "--time-limit", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert main(["plan", TINY, "-o", str(b), "--solver", "cp-sat", "--time-limit", "0.2"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    plan = load_plan(a)
+    assert plan.planner.solver == "cp-sat"
+    for text in ("step time", "critical rank", "clusters:", "planner:", "baseline table-row-wise"):
+        assert text in out
+    extra = plan.estimate.model_extra or {}
+    assert set(extra["components"]) == {"lookup", "distributor", "nvlink", "network", "dp_exchange"}
+    assert len(extra["per_table"]) == len(plan.tables)
+
+
+def test_fixed_strategy_is_reported_as_a_baseline(capsys):
+    assert main(["plan", TINY, "--strategy", "table-row-wise"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy table-row-wise" in out and "status baseline" in out
+
+
+def test_explain_lists_every_alternative_with_a_verdict(capsys):
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "item"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("explain item") :]
+    assert "chosen" in section
+    assert "ub" in section and "rb" in section
+    assert "slower by" in section or "does not fit" in section
+
+
+def test_explain_of_an_unknown_table_is_a_user_error(capsys):
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "itme"]) == 2
+    err = capsys.readouterr().err
+    assert "no table `itme`" in err and "did you mean `item`" in err
+
+
+def test_spec_that_cannot_fit_says_what_would(tmp_path, capsys):
+    text = (ROOT / "specs" / "tiny.embark").read_text().replace("hbm 4 MiB", "hbm 1 MiB")
+    spec = tmp_path / "small.embark"
+    spec.write_text(text)
+    assert main(["plan", str(spec), "--solver", "greedy"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and ("GPUs" in err or "fit" in err)
