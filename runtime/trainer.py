@@ -141,7 +141,9 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data")
-    p.add_argument("--data", type=Path, help="Criteo TSV or HugeCTR raw file (default: synthetic)")
+    p.add_argument(
+        "--data", type=Path, help="Criteo TSV or HugeCTR raw file or folder (default: synthetic)"
+    )
     p.add_argument(
         "--data-format", choices=("auto", "criteo", "hugectr"), default="auto", help="of --data"
     )
@@ -189,7 +191,7 @@ def _check_args(args: argparse.Namespace) -> None:
             f"--export-embeddings {args.export_embeddings}: the name must end in "
             ".safetensors or .npz"
         )
-    if args.data is not None and not args.data.is_file():
+    if args.data is not None and not args.data.exists():
         raise TrainerError(f"--data {args.data}: no such file")
 
 

@@ -40,24 +40,11 @@ def environment() -> jinja2.Environment:
 
 def render(program: Program, plan: Plan, spec_path: str) -> list[GeneratedFile]:
     """All outputs of `embarkc compile` for `plan`, in a deterministic order."""
-    from embarkc.codegen.cuda import render_kernels
+    from embarkc.codegen.cuda import render_kernels, template_of
     from embarkc.codegen.program import render_program
 
     files = [GeneratedFile("plan.json", dumps_plan(plan), "embark_runtime.plan.dumps_plan")]
     for path, text in sorted(render_kernels(plan).items()):
-        files.append(GeneratedFile(str(path), text, _kernel_template(str(path))))
+        files.append(GeneratedFile(path, text, template_of(path)))
     files.extend(render_program(program, plan, spec_path))
     return files
-
-
-def _kernel_template(path: str) -> str:
-    """The template a kernel file came from, as the CUDA renderer names it (best effort)."""
-    try:
-        from embarkc.codegen import cuda
-
-        name = getattr(cuda, "template_of", None)
-        if callable(name):
-            return str(name(path))
-    except ImportError:
-        pass
-    return "templates/cuda (embarkc.codegen.cuda.render_kernels)"

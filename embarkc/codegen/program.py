@@ -197,7 +197,6 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         "dense_optimizer": o.kind,
         "dense_features": m.dense_features,
         "rdzv_id": sh(f"embark-{program.name}"),
-        "program_name_sh": sh(program.name),
     }
 
 

@@ -123,11 +123,13 @@ __device__ __forceinline__ u32 group_mask() {
 // the unsharded reference: weight decay adds weight_decay * w to the gradient first.
 //   rowwise_adagrad: s += mean(g * g over the row);  w -= lr * g / (sqrt(s) + eps)
 //                    state0 = s [rows]; the row is never column-split, so WIDTH is its dim
+// beta1 and beta2 come in double: 1 - beta and 1 - beta^t are then exactly what the torch
+// path computes (Python floats), which fp32 betas would miss by up to 1e-5 relative
 struct OptParams {
   float lr;
   float eps;
-  float beta1;
-  float beta2;
+  double beta1;
+  double beta2;
   float weight_decay;
 };
 
@@ -171,6 +173,10 @@ __device__ __forceinline__ void apply_update(
     for (int e = 0; e < cfg::VEC; ++e) w[c][e] -= p.lr * g[c][e] / denom;
     store_vec(weight + row * cfg::WIDTH + col, w[c]);
   }
+  // every lane has read the row's state above; without this barrier lane 0 could store
+  // the new value before a slower lane of the group loads the old one (threads of a warp
+  // are scheduled independently since Volta)
+  __syncwarp(group_mask());
   if (lane == 0) state0[row] = s;
 }
 
@@ -185,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_bwd_rowwise_adag
     i64 num_unique,
     cfg::storage_t* __restrict__ weight,       // [num_rows, WIDTH], updated in place
     float* __restrict__ state0, float* __restrict__ state1, cfg::step_t* __restrict__ state2,
-    float lr, float eps, float beta1, float beta2, float weight_decay) {
+    float lr, float eps, double beta1, double beta2, float weight_decay) {
   const i64 gid = (i64)blockIdx.x * cfg::BLOCK + threadIdx.x;
   const i64 u = gid / cfg::GROUP;
   const int lane = (int)(gid % cfg::GROUP);

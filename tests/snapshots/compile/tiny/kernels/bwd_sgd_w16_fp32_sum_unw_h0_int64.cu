@@ -122,11 +122,13 @@ __device__ __forceinline__ u32 group_mask() {
 // gradient (lane l holds the vectors l, l + GROUP, ... of the row). Semantics are those of
 // the unsharded reference: weight decay adds weight_decay * w to the gradient first.
 //   sgd:             w -= lr * g
+// beta1 and beta2 come in double: 1 - beta and 1 - beta^t are then exactly what the torch
+// path computes (Python floats), which fp32 betas would miss by up to 1e-5 relative
 struct OptParams {
   float lr;
   float eps;
-  float beta1;
-  float beta2;
+  double beta1;
+  double beta2;
   float weight_decay;
 };
 
@@ -172,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_bwd_sgd_w16_fp32
     i64 num_unique,
     cfg::storage_t* __restrict__ weight,       // [num_rows, WIDTH], updated in place
     float* __restrict__ state0, float* __restrict__ state1, cfg::step_t* __restrict__ state2,
-    float lr, float eps, float beta1, float beta2, float weight_decay) {
+    float lr, float eps, double beta1, double beta2, float weight_decay) {
   const i64 gid = (i64)blockIdx.x * cfg::BLOCK + threadIdx.x;
   const i64 u = gid / cfg::GROUP;
   const int lane = (int)(gid % cfg::GROUP);

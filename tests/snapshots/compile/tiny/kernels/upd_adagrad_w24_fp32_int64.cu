@@ -115,11 +115,13 @@ __device__ __forceinline__ u32 group_mask() {
 // gradient (lane l holds the vectors l, l + GROUP, ... of the row). Semantics are those of
 // the unsharded reference: weight decay adds weight_decay * w to the gradient first.
 //   adagrad:         s += g * g;  w -= lr * g / (sqrt(s) + eps)          state0 = s [rows, WIDTH]
+// beta1 and beta2 come in double: 1 - beta and 1 - beta^t are then exactly what the torch
+// path computes (Python floats), which fp32 betas would miss by up to 1e-5 relative
 struct OptParams {
   float lr;
   float eps;
-  float beta1;
-  float beta2;
+  double beta1;
+  double beta2;
   float weight_decay;
 };
 
@@ -165,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_upd_adagrad_w24_
     float* __restrict__ state0, float* __restrict__ state1, cfg::step_t* __restrict__ state2,
     const cfg::key_t* __restrict__ unique_rows,   // [num_unique] distinct local rows
     const float* __restrict__ row_grads,          // [num_unique, WIDTH]
-    i64 num_unique, float lr, float eps, float beta1, float beta2, float weight_decay) {
+    i64 num_unique, float lr, float eps, double beta1, double beta2, float weight_decay) {
   const i64 gid = (i64)blockIdx.x * cfg::BLOCK + threadIdx.x;
   const i64 u = gid / cfg::GROUP;
   const int lane = (int)(gid % cfg::GROUP);

@@ -118,11 +118,13 @@ __device__ __forceinline__ u32 group_mask() {
 //                    w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 //                    state0 = m, state1 = v [rows, WIDTH]; state2 = t [rows] (lazy adam:
 //                    every row counts its own steps)
+// beta1 and beta2 come in double: 1 - beta and 1 - beta^t are then exactly what the torch
+// path computes (Python floats), which fp32 betas would miss by up to 1e-5 relative
 struct OptParams {
   float lr;
   float eps;
-  float beta1;
-  float beta2;
+  double beta1;
+  double beta2;
   float weight_decay;
 };
 
@@ -148,8 +150,12 @@ __device__ __forceinline__ void apply_update(
       for (int e = 0; e < cfg::VEC; ++e) g[c][e] += p.weight_decay * w[c][e];
   }
   const float t = (float)state2[row] + 1.0f;
-  const float correction1 = 1.0f - powf(p.beta1, t);
-  const float correction2 = 1.0f - powf(p.beta2, t);
+  // in double: 1 - beta2^t cancels catastrophically in fp32 for small t (the torch path
+  // computes the corrections in float64 too)
+  const float correction1 = (float)(1.0 - pow(p.beta1, (double)t));
+  const float correction2 = (float)(1.0 - pow(p.beta2, (double)t));
+  const float b1 = (float)p.beta1, one_minus_b1 = (float)(1.0 - p.beta1);
+  const float b2 = (float)p.beta2, one_minus_b2 = (float)(1.0 - p.beta2);
 #pragma unroll
   for (int c = 0; c < cfg::CHUNKS; ++c) {
     const int col = (lane + c * cfg::GROUP) * cfg::VEC;
@@ -159,14 +165,18 @@ __device__ __forceinline__ void apply_update(
     load_f32(state1 + row * cfg::WIDTH + col, v);
 #pragma unroll
     for (int e = 0; e < cfg::VEC; ++e) {
-      m[e] = p.beta1 * m[e] + (1.0f - p.beta1) * g[c][e];
-      v[e] = p.beta2 * v[e] + (1.0f - p.beta2) * g[c][e] * g[c][e];
+      m[e] = b1 * m[e] + one_minus_b1 * g[c][e];
+      v[e] = b2 * v[e] + one_minus_b2 * g[c][e] * g[c][e];
       w[c][e] -= p.lr * (m[e] / correction1) / (sqrtf(v[e] / correction2) + p.eps);
     }
     store_f32(state0 + row * cfg::WIDTH + col, m);
     store_f32(state1 + row * cfg::WIDTH + col, v);
     store_vec(weight + row * cfg::WIDTH + col, w[c]);
   }
+  // every lane has read the row's state above; without this barrier lane 0 could store
+  // the new value before a slower lane of the group loads the old one (threads of a warp
+  // are scheduled independently since Volta)
+  __syncwarp(group_mask());
   if (lane == 0) state2[row] = (cfg::step_t)t;
 }
 
@@ -175,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_upd_adam_w16_fp3
     float* __restrict__ state0, float* __restrict__ state1, cfg::step_t* __restrict__ state2,
     const cfg::key_t* __restrict__ unique_rows,   // [num_unique] distinct local rows
     const float* __restrict__ row_grads,          // [num_unique, WIDTH]
-    i64 num_unique, float lr, float eps, float beta1, float beta2, float weight_decay) {
+    i64 num_unique, float lr, float eps, double beta1, double beta2, float weight_decay) {
   const i64 gid = (i64)blockIdx.x * cfg::BLOCK + threadIdx.x;
   const i64 u = gid / cfg::GROUP;
   const int lane = (int)(gid % cfg::GROUP);
