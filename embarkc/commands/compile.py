@@ -13,19 +13,11 @@ import json
 import sys
 from pathlib import Path
 
+from embarkc.commands.plan import STRATEGIES
 from embarkc.diagnostics import EmbarkError
 
 HELP = "Plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder."
 
-STRATEGIES = (
-    "embark",
-    "greedy",
-    "table-wise",
-    "row-wise",
-    "column-wise",
-    "table-row-wise",
-    "data-parallel",
-)
 SOLVERS = ("greedy", "cp-sat")
 
 
@@ -67,18 +59,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     program = load_program(spec)
-    updates = {
-        key: value
-        for key, value in (
-            ("strategy", args.strategy),
-            ("solver", args.solver),
-            ("time_limit", args.time_limit),
-            ("seed", args.seed),
-        )
-        if value is not None
-    }
-    if updates:
-        program = program.model_copy(update={"options": program.options.model_copy(update=updates)})
     if args.dump == "ir":
         print(json.dumps(program.model_dump(mode="json", exclude_none=True), indent=2))
         return 0
@@ -86,7 +66,13 @@ def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import dumps_plan
     from embarkc.planner import plan_program
 
-    plan = plan_program(program, strategy=program.options.strategy)
+    plan = plan_program(
+        program,
+        strategy=args.strategy,
+        solver=args.solver,
+        time_limit=args.time_limit,
+        seed=args.seed,
+    )
     if args.dump == "plan":
         sys.stdout.write(dumps_plan(plan))
         return 0
