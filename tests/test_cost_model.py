@@ -123,3 +123,28 @@ def test_dp_dense_exchange_is_a_ring():
     dv = cm.dp_values(cm.facts["t0"], "dense")
     size = 10 * 16 * 4
     assert dv.exchange_time == pytest.approx(2 * 3 / 4 * size / (1e11 * K.NVLINK_EFFICIENCY))
+
+
+def test_evaluate_recosts_any_plan_like_the_planner():
+    from embarkc.planner import plan_program
+
+    prog = _program(rows=5000, dim=32, hotness=3, nodes=2, gpus=2, batch=64)
+    plan = plan_program(prog, solver="greedy", baselines=False)
+    est = CostModel(prog).evaluate(plan)
+    assert est["step_time"] == pytest.approx(plan.estimate.step_time, rel=1e-8)
+    # a hand-made plan whose row shards are cut differently is costed too
+    data = plan.model_dump(mode="json")
+    data["clusters"] = [{"name": "rb0", "kind": "rb", "communication": "flat", "tables": ["t0"]}]
+    data["shards"] = [
+        {"table": "t0", "row_shard": 0, "row_shards": 2, "columns": [0, 32], "rank": 0},
+        {"table": "t0", "row_shard": 1, "row_shards": 2, "columns": [0, 16], "rank": 1},
+        {"table": "t0", "row_shard": 1, "row_shards": 2, "columns": [16, 32], "rank": 2},
+    ]
+    from embark_runtime.plan import Plan
+
+    est2 = CostModel(prog).evaluate(Plan.model_validate(data))
+    per_rank = est2["per_rank"]
+    assert per_rank[3]["memory"]["weights"] == 0
+    assert per_rank[0]["memory"]["weights"] == 2500 * 32 * 4
+    assert per_rank[1]["memory"]["weights"] == 2500 * 16 * 4
+    assert est2["step_time"] > 0
