@@ -642,35 +642,30 @@ class RankState:
         ranks: np.ndarray,
         sign: float,
         hierarchical: bool = False,
-        idx: np.ndarray | None = None,
-        table_level: bool = True,
     ) -> None:
-        """Add the cells `idx` (all when None) of `cv` on `ranks` (one per selected cell).
-
-        `table_level` adds the table-wide requester terms too; the distributor bytes are
-        deduplicated per (row shard, rank) within the selected cells.
-        """
+        """Add (sign 1) or remove (sign -1) the cells of `cv` on `ranks` (one per cell),
+        with the table-wide requester terms; the distributor bytes are deduplicated per
+        (row shard, rank)."""
         cm = self.cm
         W, G, nodes = cm.W, cm.G, cm.nodes
-        if idx is None and len(ranks) == 1:
-            self._add_one(cv, int(ranks[0]), sign, hierarchical, table_level)
+        if len(ranks) == 1:
+            self._add_one(cv, int(ranks[0]), sign, hierarchical)
             return
-        sel = slice(None) if idx is None else idx
-        j = cv.j[sel]
+        j = cv.j
         node = ranks // G
-        np.add.at(self.hbm_own, ranks, sign * cv.hbm_own[sel])
-        np.add.at(self.weights, ranks, sign * cv.weights[sel])
-        np.add.at(self.state_b, ranks, sign * cv.state[sel])
-        np.add.at(self.buf, ranks, sign * cv.buf_own[sel])
+        np.add.at(self.hbm_own, ranks, sign * cv.hbm_own)
+        np.add.at(self.weights, ranks, sign * cv.weights)
+        np.add.at(self.state_b, ranks, sign * cv.state)
+        np.add.at(self.buf, ranks, sign * cv.buf_own)
         # distributor: once per distinct (row shard, owner rank)
         pair = j * W + ranks
         _, first = np.unique(pair, return_index=True)
-        d = cv.dist[sel][first]
+        d = cv.dist[first]
         dr = ranks[first]
         np.add.at(self.dist_own, dr, sign * d)
         np.add.at(self.dist_node, dr // G, sign * d)
         self.dist_tot += sign * float(d.sum())
-        x = cv.res[sel]
+        x = cv.res
         if not hierarchical or nodes == 1:
             np.add.at(self.res_sent_intra, ranks, sign * (G - 1) * x)
             np.add.at(self.res_sent_inter, ranks, sign * (W - G) * x)
@@ -683,7 +678,7 @@ class RankState:
             np.add.at(self.res_recv_intra_node, node, sign * nodes * x)
             np.add.at(self.res_recv_intra_sub, ranks, sign * nodes * x)
             # one summed vector per (column range, node) crosses the network per requester
-            lo = cv.lo[sel]
+            lo = cv.lo
             group = lo * nodes + node
             _, gfirst = np.unique(group, return_index=True)
             xg = x[gfirst]
@@ -691,13 +686,10 @@ class RankState:
             np.add.at(self.res_sent_inter_node, gn, sign * (nodes - 1) * xg)
             self.res_recv_inter_tot += sign * float(xg.sum())
             np.add.at(self.res_recv_inter_node_sub, gn, sign * xg)
-        if table_level:
-            self.hbm_all += sign * cv.hbm_all
-            self.all_buf += sign * cv.buf_all
+        self.hbm_all += sign * cv.hbm_all
+        self.all_buf += sign * cv.buf_all
 
-    def _add_one(
-        self, cv: CellValues, a: int, sign: float, hierarchical: bool, table_level: bool
-    ) -> None:
+    def _add_one(self, cv: CellValues, a: int, sign: float, hierarchical: bool) -> None:
         """`add_cells` for a table of one cell (the common case), without numpy calls."""
         cm = self.cm
         W, G, nodes = cm.W, cm.G, cm.nodes
@@ -723,9 +715,8 @@ class RankState:
             self.res_sent_inter_node[n] += (nodes - 1) * x
         self.res_recv_inter_tot += x
         self.res_recv_inter_node_sub[n] += x
-        if table_level:
-            self.hbm_all += sign * cv.hbm_all
-            self.all_buf += sign * cv.buf_all
+        self.hbm_all += sign * cv.hbm_all
+        self.all_buf += sign * cv.buf_all
 
     # ------------------------------------------------------------------ results
     def components(self) -> dict[str, np.ndarray]:
