@@ -1,16 +1,19 @@
 """EMBark's greedy search: place cells by cost, split what is on the critical rank.
 
-1. Every unit (a table or a colocate group) starts with the kind `clusters.initial_kinds`
-   chose and the smallest grid whose cells fit comfortably.
+1. Every unit (a table or a colocate group) starts with a kind (`clusters.initial_kinds`,
+   or rb for every unit in the second start) and the smallest grid whose cells fit
+   comfortably (`clusters.initial_grid`).
 2. `place_all`: all cells, heaviest first, each on the least-loaded rank that has room
    (load = the seconds a cell puts on its owner, `cost.owner_seconds`; room = weights,
    state and buffers within `hbm_bytes - memory_headroom`). Cells of one unit prefer
    distinct ranks; `within_node` units stay on the node of their first cell.
-3. Repeatedly: find the critical rank of the exact cost model; for the units that load it
-   most, try a row split (R+1, 2R), a column split (C+1, 2C, cuts at multiples of 4), a
-   kind change (rb, ub, dp) and, for rb, the other communication; re-place only that
-   unit; keep the move that lowers the step time most. Stop when no move helps.
-4. A final full re-placement with the chosen grids; the best layout seen is returned.
+3. `Search.improve`: on the critical rank of the exact cost model, for the units that
+   load it most (and the units alone in their cluster kind), try re-placing the unit,
+   row and column splits and merges (cuts at multiples of 4), rows traded for columns,
+   another kind and, for rb, the other communication; keep the move that lowers the
+   16-norm of the rank times most; stop when no move helps. The best step time seen wins.
+4. A fresh heaviest-first placement of the final grids, improved again; the faster of the
+   two, and of the starts, is returned.
 """
 
 from __future__ import annotations
