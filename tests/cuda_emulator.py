@@ -7,7 +7,9 @@ a small shim (below) and runs every CUDA thread as an OS thread: blocks one afte
 `__syncthreads` a block-wide barrier, warp shuffles and `__match_any_sync` exchanges among
 exactly the lanes of their mask (a lane missing from a mask it names deadlocks here, which
 the shim turns into an abort after 20 s, as it would be undefined on a GPU), atomics real
-atomics, dynamic shared memory filled with garbage. It plugs into
+atomics, dynamic shared memory filled with garbage, and a misaligned vector access aborts
+(the vector types carry CUDA's alignment and every access is checked, trapping with
+SIGILL). It plugs into
 `embark_runtime.cuda_kernels.CudaKernels(launcher=...)`, so the runtime's own launch code
 (argument packing, grid sizes, prefix sums, compaction) is exercised too.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -47,10 +50,12 @@ SHIM = r"""
 #define __restrict__ __restrict
 
 struct dim3 { unsigned x = 0, y = 0, z = 0; };
-struct float4 { float x, y, z, w; };
-struct float2 { float x, y; };
-struct uint4 { unsigned x, y, z, w; };
-struct uint2 { unsigned x, y; };
+// CUDA's alignment of the vector types: with -fsanitize=alignment a vector access at an
+// address a GPU would fault on aborts here
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 
@@ -214,6 +219,17 @@ _ASM = [
         "h = emu_f32_to_bf16(f);",
     ),
 ]
+GXX_FLAGS = (
+    "-std=c++20",
+    "-O1",
+    "-shared",
+    "-fPIC",
+    "-pthread",
+    "-w",
+    # a vector access at an address CUDA would fault on traps (SIGILL)
+    "-fsanitize=alignment",
+    "-fsanitize-undefined-trap-on-error",
+)
 _SHARED = re.compile(r"extern __shared__ (\w+) (\w+)\[\];")
 _ENTRY = re.compile(r'extern "C" __global__ void __launch_bounds__\([^)]*\) (\w+)\(')
 
@@ -260,26 +276,15 @@ class HostLauncher:
         if shutil.which("g++") is None:
             raise RuntimeError("g++ is needed for the host emulation of the kernels")
         text = host_source(sorted(set(sources)))
-        digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+        digest = hashlib.sha256(" ".join([*GXX_FLAGS, text]).encode()).hexdigest()[:24]
         cache = cache or Path(tempfile.gettempdir()) / "embarkc-test-emulator"
         cache.mkdir(parents=True, exist_ok=True)
         lib = cache / f"{digest}.so"
         if not lib.exists():
             src = cache / f"{digest}.cc"
             src.write_text(text)
-            tmp = cache / f"{digest}.tmp.so"
-            cmd = [
-                "g++",
-                "-std=c++20",
-                "-O1",
-                "-shared",
-                "-fPIC",
-                "-pthread",
-                "-w",
-                str(src),
-                "-o",
-                str(tmp),
-            ]
+            tmp = cache / f"{digest}.{os.getpid()}.so"
+            cmd = ["g++", *GXX_FLAGS, str(src), "-o", str(tmp)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"g++ failed on the emulated kernels:\n{done.stderr[:4000]}")

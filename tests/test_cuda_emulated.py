@@ -40,8 +40,7 @@ def _bench():
 @pytest.fixture(scope="module")
 def sources() -> dict[str, str]:
     """The bench's kernels and the tiny plan's, one manifest over both."""
-    insts = set(_bench().bench_instantiations()) | set(cuda.kernel_instantiations(tiny_plan()))
-    return cuda.render_instantiations(sorted(insts), arch="sm_90")
+    return _sources_for_subprocess()
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +182,40 @@ def test_backward_rejects_rows_outside_the_table_like_the_torch_path(sources, la
             k.pooled_backward(grad, bad, offsets, None, "sum", 10)
         with pytest.raises(IndexError):
             TorchKernels().pooled_backward(grad, bad, offsets, None, "sum", 10)
+
+
+def test_the_emulation_traps_a_misaligned_vector_access(sources, launcher, tmp_path):
+    """The emulated runs above would catch a kernel indexing vectors off their 16-byte
+    grid: a float4 load 4 bytes off kills the process (SIGILL), as it would fault on a GPU.
+    (The fixtures build the shared library first; the subprocess finds it in the cache.)"""
+    import signal
+    import subprocess
+
+    script = tmp_path / "misaligned.py"
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_cuda_emulated import _sources_for_subprocess\n"
+        "from cuda_emulator import HostLauncher\n"
+        "src = _sources_for_subprocess()\n"
+        "L = HostLauncher([t for p, t in src.items() if p.endswith('.cu')])\n"
+        "name = 'embark_pack_w128_fp32_int64'\n"
+        "text = src['kernels/pack_w128_fp32_int64.cu']\n"
+        "a, out, idx = torch.randn(10, 128), torch.empty(2, 128), torch.tensor([1, 2])\n"
+        "for off in (0, 4):\n"
+        "    args = [('ptr', a.data_ptr() + off), ('ptr', idx.data_ptr()),\n"
+        "            ('ptr', out.data_ptr()), ('i64', 2)]\n"
+        "    L.launch(text, name + '_gather', 1, 256, 0, args)\n"
+        "    print('offset', off, 'copied', torch.equal(out, a[1:3]), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert "offset 0 copied True" in done.stdout, done.stderr[-2000:]
+    assert "offset 4" not in done.stdout
+    assert done.returncode == -signal.SIGILL, done.stderr[-2000:]
+
+
+def _sources_for_subprocess() -> dict[str, str]:
+    insts = set(_bench().bench_instantiations()) | set(cuda.kernel_instantiations(tiny_plan()))
+    return cuda.render_instantiations(sorted(insts), arch="sm_90")
