@@ -24,7 +24,7 @@ from torch import Tensor
 
 from embark_runtime.clusters import CLUSTER_KINDS, Cluster, DpCluster
 from embark_runtime.comm import Comm, Traffic
-from embark_runtime.distributor import FeatureInput, prepare_batch
+from embark_runtime.distributor import BatchError, FeatureInput, prepare_batch
 from embark_runtime.kernels import Kernels, TorchKernels
 from embark_runtime.optim import STATE_NAMES, state_shape
 from embark_runtime.reference import ReferenceEmbeddings
@@ -133,9 +133,18 @@ class ShardedEmbeddings(torch.nn.Module):
 
     # ------------------------------------------------------------------ steps
     def _distribute(self, batch_sparse) -> _Step:
-        feats = prepare_batch(self.plan, batch_sparse, self.device)
-        b = next(iter(feats.values())).b if feats else 0
+        error: BatchError | None = None
+        try:
+            feats = prepare_batch(self.plan, batch_sparse, self.device)
+            b = next(iter(feats.values())).b if feats else 0
+        except BatchError as e:
+            error, b = e, -1
+        # every rank learns of a bad batch anywhere, so that no rank is left waiting
         bvec = [v[0] for v in self.comm.all_gather_ints([b])]
+        if error is not None:
+            raise error
+        if -1 in bvec:
+            raise BatchError(f"rank {bvec.index(-1)}'s batch is invalid (see its error)")
         step = _Step(feats, bvec, Traffic())
         for c in self.clusters:
             step.dists[c.name] = c.distribute(feats, bvec, step.traffic)

@@ -78,8 +78,9 @@ def element_hash(stream: int, rows: Tensor, col_lo: int, col_hi: int) -> Tensor:
 
 def _values(h: Tensor, init: InitParamsLike) -> Tensor:
     if init.kind == "uniform":
-        u = (h >> 8).to(torch.float64) * 2.0**-24
-        return (init.low + (init.high - init.low) * u).float()
+        # 24 random bits are exact in fp32: no fp64 temporaries on the big path
+        u = (h >> 8).to(torch.float32) * 2.0**-24
+        return init.low + (init.high - init.low) * u
     if init.kind == "normal":
         u1 = ((h >> 8).to(torch.float64) + 1.0) * 2.0**-24
         u2 = (_mix(h ^ NORMAL_SALT) >> 8).to(torch.float64) * 2.0**-24

@@ -240,7 +240,28 @@ def worker(rank: int, world: int, cases: list[Case]) -> list[dict]:
             start = time.perf_counter()
             results.append(run_case(case, comm))
             results[-1]["seconds"] = time.perf_counter() - start
+    if (4, 2) in comms:
+        results.append(bad_batch_probe(comms[(4, 2)]))
     return results
+
+
+def bad_batch_probe(comm) -> dict:
+    """Rank 1 feeds an id outside its table: every rank must raise, none may hang."""
+    from embark_runtime.distributor import BatchError
+    from embark_runtime.embedding import ShardedEmbeddings
+
+    case = grid_cases()[0]
+    plan = case.plan()
+    emb = ShardedEmbeddings(plan, comm.rank, comm.world, comm=comm)
+    b = plan.batch_size // comm.world
+    local = slice_batch(random_global_batch(plan, 0), comm.rank * b, (comm.rank + 1) * b)
+    if comm.rank == 1:
+        local["rf_cat"].ids[0] = 10**6
+    try:
+        emb(local)
+    except BatchError as e:
+        return {"name": "bad-batch", "raised": str(e)}
+    return {"name": "bad-batch", "raised": None}
 
 
 # --------------------------------------------------------------------------- the doc's count

@@ -87,7 +87,17 @@ def test_bytes_equal_the_simulators_count(results, case):
     for step, slices in enumerate(per_rank):
         want = simulate.count_bytes(plan, [SimpleNamespace(sparse=s) for s in slices])
         got = {
-            c.name: {k: sum(run["bytes"][step][c.name][k] for run in runs) for k in ("intra", "inter")}
+            c.name: {
+                k: sum(run["bytes"][step][c.name][k] for run in runs) for k in ("intra", "inter")
+            }
             for c in plan.clusters
         }
         assert got == want, f"{case.name} step {step}"
+
+
+def test_a_bad_batch_on_one_rank_raises_on_every_rank(results):
+    raised = [r["raised"] for r in results["bad-batch"]]
+    assert "id 1000000 is outside table `rf`" in raised[1]
+    assert all(
+        m == "rank 1's batch is invalid (see its error)" for i, m in enumerate(raised) if i != 1
+    )
