@@ -119,6 +119,11 @@ def build_plan(
         if kind == "dp":
             c["gradient_exchange"] = sub
         clusters.append(c)
+    names = {t: c["name"] for c in clusters for t in c["tables"]}
+    estimate = dict(estimate)
+    estimate["per_table"] = [
+        {**row, "cluster": names[row["table"]]} for row in estimate.get("per_table", [])
+    ]
     shards = []
     for name in sorted(layout, key=lambda n: order[n]):
         p = layout[name]

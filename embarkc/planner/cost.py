@@ -526,7 +526,11 @@ class CostModel:
 
     def evaluate(self, plan: Plan) -> dict[str, Any]:
         """The `estimate` of any plan of this program (see docs/plan.md)."""
-        return self.evaluate_layout(layout_of_plan(plan))
+        est = self.evaluate_layout(layout_of_plan(plan))
+        names = {t: c.name for c in plan.clusters for t in c.tables}
+        for row in est["per_table"]:
+            row["cluster"] = names[row["table"]]
+        return est
 
     def step_time(self, layout: Layout) -> float:
         return self.layout_state(layout).step_time()
