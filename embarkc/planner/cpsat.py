@@ -180,7 +180,7 @@ def _solve(
     solver.parameters.relative_gap_limit = 0.01
     # a wall-clock safety net far above the deterministic limit (it never binds in
     # practice, so results stay reproducible)
-    solver.parameters.max_time_in_seconds = 4.0 * time_limit + 10.0
+    solver.parameters.max_time_in_seconds = 10.0 * time_limit + 30.0
     status = solver.solve(m)
     dt = float(solver.deterministic_time)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
