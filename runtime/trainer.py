@@ -293,11 +293,15 @@ class _Log:
                 print("\r\x1b[2K", end="")
             print(text, flush=True)
 
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one JSON object to the --log-json file (rank 0, when asked for)."""
+        if self.json is not None:
+            self.json.write(json.dumps(record, sort_keys=True) + "\n")
+
     def step(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        if self.json is not None:
-            self.json.write(json.dumps(record, sort_keys=True) + "\n")
+        self.write(record)
         if self.quiet:
             return
         done = record["step"] + 1
@@ -438,10 +442,10 @@ def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -
     auc = roc_auc(labels, scores)
     ll = log_loss(labels, scores)
     log.say(f"eval after step {done}: AUC {auc:.4f}  log loss {ll:.5f}  ({labels.size} samples)")
-    if log.json is not None:
-        record = {"eval": True, "step": done - 1, "auc": None if math.isnan(auc) else auc}
-        record.update({"logloss": ll, "samples": int(labels.size)})
-        log.json.write(json.dumps(record, sort_keys=True) + "\n")
+    auc_or_none = None if math.isnan(auc) else auc
+    log.write(
+        {"eval": True, "step": done - 1, "auc": auc_or_none, "logloss": ll, "samples": labels.size}
+    )
 
 
 # --------------------------------------------------------------------------- sharded
