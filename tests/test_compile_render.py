@@ -299,3 +299,20 @@ def test_python_literals_are_spelled_exactly():
     assert py(None) == "None" and py(True) == "True"
     with pytest.raises(ValueError):
         py(float("nan"))
+
+
+def test_a_one_node_plan_launches_standalone_and_says_so(program, tmp_path):
+    one = program.model_copy(
+        update={"topology": program.topology.model_copy(update={"nodes": 1, "gpus_per_node": 4})}
+    )
+    out = _write(one, hand_plan(one, LAYOUT_A), tmp_path)
+    readme = (out / "README.md").read_text()
+    assert "    ./launch.sh --steps 1000" in readme and "NNODES=1" not in readme
+    assert "This plan uses one node" in readme
+    r = subprocess.run(
+        [str(out / "launch.sh")],
+        env={**os.environ, "PYTHON": "echo"},
+        capture_output=True,
+        text=True,
+    )
+    assert "--standalone --nnodes 1 --nproc-per-node 4" in r.stdout
