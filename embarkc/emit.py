@@ -13,7 +13,7 @@ Contract of `emit(files, out_dir, ...)`:
   unchanged spec leaves modification times alone. Writes are atomic (temporary file in the
   same folder, fsync, rename): a reader sees the old file or the new one, never half.
 * `manifest.json` lists every output with its sha256 and size, the spec's path and
-  sha256 and the embarkc version. Files that a previous manifest listed and this run no
+  sha256 (and those of the files it includes) and the embarkc version. Files that a previous manifest listed and this run no
   longer produces are removed (only those: nothing else in the folder is touched).
 
 Output is a pure function of the inputs: no timestamps, no absolute paths, sorted keys.
@@ -26,7 +26,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -167,13 +167,18 @@ def _previous_outputs(out_dir: Path) -> set[str]:
 
 
 def build_manifest(
-    contents: dict[str, bytes], templates: dict[str, str], spec: str, spec_sha256: str
+    contents: dict[str, bytes],
+    templates: dict[str, str],
+    spec: str,
+    spec_sha256: str,
+    includes: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "embarkc": __version__,
         "spec": {"path": spec, "sha256": spec_sha256},
+        "includes": [{"path": path, "sha256": sha} for path, sha in includes],
         "files": {
             path: {
                 "sha256": sha256_bytes(data),
@@ -185,7 +190,12 @@ def build_manifest(
     }
 
 
-def prepare(files: Iterable[GeneratedFile], spec: str, spec_sha256: str) -> dict[str, bytes]:
+def prepare(
+    files: Iterable[GeneratedFile],
+    spec: str,
+    spec_sha256: str,
+    includes: Sequence[tuple[str, str]] = (),
+) -> dict[str, bytes]:
     """The exact bytes of every output, manifest included, keyed by path (no disk access).
 
     Raises DuplicateOutputError for a path produced twice and EmitError for a bad path.
@@ -200,7 +210,7 @@ def prepare(files: Iterable[GeneratedFile], spec: str, spec_sha256: str) -> dict
             )
         contents[f.path] = with_header(f.path, f.text, spec, f.template).encode()
         templates[f.path] = f.template
-    manifest = build_manifest(contents, templates, spec, spec_sha256)
+    manifest = build_manifest(contents, templates, spec, spec_sha256, includes)
     contents[MANIFEST] = with_header(
         MANIFEST, json.dumps(manifest), spec, "embarkc/emit.py"
     ).encode()
@@ -208,11 +218,20 @@ def prepare(files: Iterable[GeneratedFile], spec: str, spec_sha256: str) -> dict
 
 
 def emit(
-    files: Iterable[GeneratedFile], out_dir: str | Path, *, spec: str, spec_sha256: str
+    files: Iterable[GeneratedFile],
+    out_dir: str | Path,
+    *,
+    spec: str,
+    spec_sha256: str,
+    includes: Sequence[tuple[str, str]] = (),
 ) -> EmitResult:
-    """Write `files` and their manifest into `out_dir`; see the module docstring."""
+    """Write `files` and their manifest into `out_dir`; see the module docstring.
+
+    `includes` are the (path, sha256) of the files the spec included, recorded in the
+    manifest with the spec's own hash.
+    """
     files = list(files)
-    contents = prepare(files, spec, spec_sha256)
+    contents = prepare(files, spec, spec_sha256, includes)
     executable = {f.path for f in files if f.executable}
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

@@ -7,6 +7,7 @@ tests/test_compile_cli.py` rewrites them (review the diff like any code change).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -80,6 +81,16 @@ def test_another_strategy_gives_another_train_py(tiny, tmp_path):
     _compile(tmp_path, "--strategy", "row-wise")
     assert (tmp_path / "train.py").read_bytes() != (tiny / "train.py").read_bytes()
     assert load_plan(tmp_path / "plan.json").planner.strategy == "row-wise"
+
+
+def test_manifest_records_the_files_the_spec_includes(tmp_path):
+    _compile(tmp_path, spec="specs/paper/dcnv2.embark")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["includes"], "dcnv2.embark includes its cluster"
+    for include in manifest["includes"]:
+        assert include["path"].endswith(".embark")
+        text = (ROOT / include["path"]).read_bytes()
+        assert include["sha256"] == hashlib.sha256(text).hexdigest()
 
 
 def test_dump_prints_one_stage_and_writes_nothing(tmp_path, capsys):

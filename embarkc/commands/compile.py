@@ -83,7 +83,13 @@ def run(args: argparse.Namespace) -> int:
     source = program.sources[0]
     files = render(program, plan, source.path)
     try:
-        result = emit(files, args.output, spec=source.path, spec_sha256=source.sha256)
+        result = emit(
+            files,
+            args.output,
+            spec=source.path,
+            spec_sha256=source.sha256,
+            includes=[(s.path, s.sha256) for s in program.sources[1:]],
+        )
     except OSError as e:
         raise EmbarkError.at(args.output, f"cannot write: {e.strerror or e}") from None
     if not args.quiet:
