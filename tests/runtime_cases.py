@@ -242,7 +242,25 @@ def worker(rank: int, world: int, cases: list[Case]) -> list[dict]:
             results[-1]["seconds"] = time.perf_counter() - start
     if (4, 2) in comms:
         results.append(bad_batch_probe(comms[(4, 2)]))
+        results.append(init_probe())
     return results
+
+
+def init_probe() -> dict:
+    """init_distributed joins the running group and builds the plan's nodes and rails; a
+    plan for another world size is refused with a message."""
+    from embark_runtime.comm import CommError, init_distributed
+
+    case = grid_cases()[0]
+    comm = init_distributed(case.plan())
+    layout = (comm.rank, comm.world, comm.nodes, comm.peers("node"), comm.peers("rail"))
+    two = next(c for c in grid_cases() if c.world == 2).plan()
+    try:
+        init_distributed(two)
+        refused = None
+    except CommError as e:
+        refused = str(e)
+    return {"name": "init", "layout": layout, "refused": refused}
 
 
 def bad_batch_probe(comm) -> dict:

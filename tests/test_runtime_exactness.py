@@ -101,3 +101,17 @@ def test_a_bad_batch_on_one_rank_raises_on_every_rank(results):
     assert all(
         m == "rank 1's batch is invalid (see its error)" for i, m in enumerate(raised) if i != 1
     )
+
+
+def test_init_distributed_builds_nodes_and_rails_and_refuses_another_world(results):
+    layouts = [r["layout"] for r in results["init"]]
+    assert layouts == [
+        (0, 4, 2, [0, 1], [0, 2]),
+        (1, 4, 2, [0, 1], [1, 3]),
+        (2, 4, 2, [2, 3], [0, 2]),
+        (3, 4, 2, [2, 3], [1, 3]),
+    ]
+    assert all(
+        "the job has 4 processes but the plan is for 2 ranks" in r["refused"]
+        for r in results["init"]
+    )
