@@ -20,7 +20,7 @@ training matches the unsharded reference run on one process.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -148,11 +148,15 @@ def local_loss(logits: torch.Tensor, labels: torch.Tensor, global_batch: int) ->
     ) / float(global_batch)
 
 
-def allreduce_gradients(params: Iterable[nn.Parameter], group: object | None = None) -> int:
+def allreduce_gradients(
+    params: Iterable[nn.Parameter], reduce: Callable[[torch.Tensor], object] | None = None
+) -> int:
     """SUM-all-reduce the gradients of `params` in one flat buffer; returns its bytes.
 
-    A parameter without a gradient contributes zeros (so every rank reduces the same
-    buffer layout). Does nothing when torch.distributed is not initialised.
+    `reduce(flat)` sums the buffer in place over the ranks (the trainer passes its Comm's
+    all_reduce, which also counts the traffic); by default torch.distributed.all_reduce on
+    the default group, or nothing when torch.distributed is not initialised. A parameter
+    without a gradient contributes zeros, so every rank reduces the same buffer layout.
     """
     import torch.distributed as dist
 
@@ -162,21 +166,16 @@ def allreduce_gradients(params: Iterable[nn.Parameter], group: object | None = N
     flat = torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in plist]
     )
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)  # type: ignore[arg-type]
+    if reduce is not None:
+        reduce(flat)
+    elif dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
     for p in plist:
         n = p.numel()
         p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
     return flat.numel() * flat.element_size()
-
-
-def ring_allreduce_bytes(size_bytes: int, world: int) -> int:
-    """Bytes one rank sends in a ring all-reduce of `size_bytes` (docs/communication.md)."""
-    if world <= 1:
-        return 0
-    return 2 * (world - 1) * size_bytes // world
 
 
 def make_optimizer(

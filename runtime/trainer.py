@@ -50,6 +50,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
+from embark_runtime.comm import Traffic
 from embark_runtime.dense import (
     DenseConfig,
     DenseOptimizerConfig,
@@ -59,7 +60,6 @@ from embark_runtime.dense import (
     local_loss,
     make_optimizer,
     optimizer_state_tensors,
-    ring_allreduce_bytes,
 )
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.plan import Plan, PlanError, load_plan
@@ -573,10 +573,6 @@ class _Sharded:
         self.data = _Data(program, plan, args)
         self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
         self.clusters = [c.name for c in plan.clusters] + ["dense"]
-        g = plan.topology.gpus_per_node
-        self.dense_link = (
-            "inter" if self.rank // g != ((self.rank + 1) % self.world) // g else "intra"
-        )
 
     def close(self) -> None:
         self.log.close()
@@ -601,12 +597,20 @@ class _Sharded:
         loss = local_loss(logits, labels, self.program.global_batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        dense_bytes = allreduce_gradients(self.model.parameters())
+        dense_traffic = Traffic()
+        allreduce_gradients(
+            self.model.parameters(),
+            lambda flat: self.comm.all_reduce(
+                flat,
+                traffic=dense_traffic,
+                cluster="dense",
+                counted_bytes=[flat.numel() * flat.element_size()],
+            ),
+        )
         self.optimizer.step()
 
         moved = {c: dict(v) for c, v in self.embeddings.bytes_moved().items()}
-        ring = ring_allreduce_bytes(dense_bytes, self.world)
-        moved["dense"] = {"intra": 0, "inter": 0, self.dense_link: ring}
+        moved.update(dense_traffic.as_dict())
         # one collective for the loss and every counter, summed over ranks
         flat = [float(loss.detach())]
         for c in self.clusters:

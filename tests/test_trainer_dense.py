@@ -18,7 +18,6 @@ from embark_runtime.dense import (
     local_loss,
     make_optimizer,
     optimizer_state_tensors,
-    ring_allreduce_bytes,
 )
 from embark_runtime.metrics import log_loss, roc_auc
 
@@ -99,7 +98,7 @@ def test_slices_summed_equal_the_global_batch_gradient(cfg):
         assert torch.allclose(acc, p.grad, atol=1e-6)
 
 
-def test_allreduce_without_process_group_keeps_gradients_and_counts_bytes():
+def test_allreduce_reduces_one_flat_buffer_and_counts_its_bytes():
     model = DLRMDense(DOT)
     dense, emb, labels = _inputs(DOT, 4)
     local_loss(model(dense, emb), labels, 4).backward()
@@ -107,8 +106,11 @@ def test_allreduce_without_process_group_keeps_gradients_and_counts_bytes():
     nbytes = allreduce_gradients(model.parameters())
     assert nbytes == 4 * sum(p.numel() for p in model.parameters())
     assert all(torch.equal(a, p.grad) for a, p in zip(before, model.parameters(), strict=True))
-    assert ring_allreduce_bytes(1000, 4) == 1500
-    assert ring_allreduce_bytes(1000, 1) == 0
+    # a given reduce sees one flat buffer and its result becomes every gradient
+    seen = []
+    allreduce_gradients(model.parameters(), lambda flat: seen.append(flat.mul_(3)))
+    assert len(seen) == 1 and seen[0].numel() * 4 == nbytes
+    assert all(torch.equal(3 * a, p.grad) for a, p in zip(before, model.parameters(), strict=True))
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
