@@ -18,9 +18,10 @@ the number of ids per segment travels as (uncounted) bookkeeping:
 What travels is exactly docs/communication.md: rb sends int64 keys, one int32 bag length
 per (sample, feature) and fp32 per-id weights to every owner rank of a row shard, and
 fp32 partial vectors back (flat: owner -> requester; hierarchical: owner -> the
-requester's rail peer on the owner's node, which sums the node's row shards and sends one
-vector per (sample, feature, column range) across the network); ub sends distinct keys
-and gets one vector per key back; dp sends nothing forward and all-reduces (dense) or
+requester's rail peer on the owner's node, which sums the node's row shards and sends,
+across the network, one vector per (sample, feature) covering the union of the columns
+of the table's cells on its node); ub sends distinct keys and gets one vector per key
+back; dp sends nothing forward and all-reduces (dense) or
 all-gathers (sparse) gradients. Two uncounted extras: the position of every id of a
 concat feature in its bag (rb, needed to place it when a bag is split over row shards),
 and, for dense dp exchange, a touched-row mask (4 bytes per row) so that exactly the rows
@@ -55,6 +56,17 @@ def _cat(parts: list[Tensor], dtype: torch.dtype, device) -> Tensor:
     if not parts:
         return torch.empty(0, dtype=dtype, device=device)
     return torch.cat([p.reshape(-1).to(dtype) for p in parts])
+
+
+def merge_ranges(ranges) -> list[tuple[int, int]]:
+    """The union of column ranges as sorted disjoint maximal ranges."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def combine_bags(
@@ -338,7 +350,15 @@ class RbCluster(ShardedCluster):
                     for c in self.cells_on[r]
                     if c.table == t.name
                 }
-                self.groups[(n, t.name)] = sorted(ranges)
+                self.groups[(n, t.name)] = merge_ranges(ranges)
+
+    def group_of(self, node: int, c: CellKey) -> tuple[int, int]:
+        """The merged column range of `node` that contains cell `c`'s columns."""
+        return next(g for g in self.groups[(node, c.table)] if g[0] <= c.lo and c.hi <= g[1])
+
+    def _remote_slice(self, remote, r: int, c: CellKey) -> Tensor:
+        g = self.group_of(self.comm.node_of(self.comm.rank), c)
+        return remote[(r, c.table, g)][:, c.lo - g[0] : c.hi - g[0]]
 
     def remote_rail(self, q: int) -> list[int]:
         return [
@@ -522,8 +542,10 @@ class RbCluster(ShardedCluster):
                     if r == me:
                         acc[c.table][:, c.lo : c.hi] += block
                     else:
-                        sums[(r, c.table, (c.lo, c.hi))] += block
-        # step B (network): one summed vector per (sample, feature, column range) per node
+                        g = self.group_of(mynode, c)
+                        sums[(r, c.table, g)][:, c.lo - g[0] : c.hi - g[0]] += block
+        # step B (network): per node, one summed vector per (sample, feature) covering the union
+        # of the node's column ranges of the table (as embarkc.simulate counts it)
         rail = comm.peers("rail")
         chunks = [
             _cat(
@@ -599,7 +621,7 @@ class RbCluster(ShardedCluster):
     def _backward_hierarchical(self, gt, received, bvec, traffic) -> None:
         comm, me = self.comm, self.comm.rank
         mynode = comm.node_of(me)
-        # step B' (network): one gradient per (sample, feature, column range) per remote node
+        # step B' (network): per remote node, one gradient per (sample, feature) over its union
         rail = comm.peers("rail")
         chunks = [
             _cat(
@@ -643,7 +665,7 @@ class RbCluster(ShardedCluster):
         chunks = [
             _cat(
                 [
-                    gt[c.table][:, c.lo : c.hi] if r == me else remote[(r, c.table, (c.lo, c.hi))]
+                    gt[c.table][:, c.lo : c.hi] if r == me else self._remote_slice(remote, r, c)
                     for r in mine
                     for c in self.cells_on[o]
                 ],

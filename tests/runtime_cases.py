@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from mp_harness import FeatureSpec, TableSpec, make_plan, random_global_batch, slice_batch
 
 from embark_runtime.keys import row_shard_of
+from embark_runtime.plan import Shard, validate_rules
 
 
 @dataclass
@@ -26,10 +27,11 @@ class Case:
     overlap: bool = True
     seed: int = 0
     placement_seed: int = 0
-    extra: dict = field(default_factory=dict)
+    shards: list[tuple[str, int, int, int, int, int]] | None = None
+    """hand-placed cells (table, row shard, row shards, lo, hi, rank) replacing make_plan's"""
 
     def plan(self):
-        return make_plan(
+        plan = make_plan(
             self.tables,
             self.features,
             nodes=self.world // self.gpus_per_node,
@@ -38,6 +40,39 @@ class Case:
             partition=self.partition,
             placement_seed=self.placement_seed,
         )
+        if self.shards is None:
+            return plan
+        cells = [
+            Shard(table=t, row_shard=j, row_shards=r, columns=(lo, hi), rank=rank)
+            for t, j, r, lo, hi, rank in self.shards
+        ]
+        plan = plan.model_copy(update={"shards": cells})
+        validate_rules(plan)
+        return plan
+
+
+def uneven_cases() -> list[Case]:
+    """Row shards of one table cut into different column ranges, several cells of a table
+    on one rank, on 2 nodes of 2: the hierarchical sums must group exact column ranges."""
+    tables = [
+        TableSpec("h", 31, 6, "rb", (2, 2), "adagrad", "hierarchical"),
+        TableSpec("u", 23, 5, "ub", (2, 2), "adam"),
+    ]
+    shards = [
+        ("h", 0, 2, 0, 2, 0),
+        ("h", 0, 2, 2, 6, 3),
+        ("h", 1, 2, 0, 3, 1),
+        ("h", 1, 2, 3, 6, 1),
+        ("u", 0, 2, 0, 1, 2),
+        ("u", 0, 2, 1, 5, 2),
+        ("u", 1, 2, 0, 4, 0),
+        ("u", 1, 2, 4, 5, 3),
+    ]
+    feats = three_features("h") + three_features("u")
+    return [
+        Case("uneven-mod", 4, 2, tables, feats, shards=shards),
+        Case("uneven-range", 4, 2, tables, feats, partition="range", seed=5, shards=shards),
+    ]
 
 
 def three_features(table: str) -> list[FeatureSpec]:
@@ -366,10 +401,10 @@ def doc_bytes(plan, gb, world: int) -> list[dict[str, dict[str, int]]]:
                         if n == node[a]:
                             continue
                         p = n * g + a % g
-                        ranges = {s.columns for s in cells if node[s.rank] == n}
-                        for lo, hi in ranges:
-                            add(p, a, c.name, b * f_units * 4 * (hi - lo))
-                            add(a, p, c.name, b * f_units * 4 * (hi - lo))
+                        # one vector per (sample, feature) over the union of the node's columns
+                        covered = {k for s in cells if node[s.rank] == n for k in range(*s.columns)}
+                        add(p, a, c.name, b * f_units * 4 * len(covered))
+                        add(a, p, c.name, b * f_units * 4 * len(covered))
     return out
 
 

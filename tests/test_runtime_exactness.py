@@ -13,11 +13,20 @@ from types import SimpleNamespace
 
 import pytest
 from mp_harness import spawn
-from runtime_cases import doc_bytes, grid_cases, local_batches, overlap_cases, random_cases, worker
+from runtime_cases import (
+    doc_bytes,
+    grid_cases,
+    local_batches,
+    overlap_cases,
+    random_cases,
+    uneven_cases,
+    worker,
+)
 
 GRID = grid_cases()
 RANDOM = random_cases(16, seed=2024)
 OVERLAP = overlap_cases()
+UNEVEN = uneven_cases()
 TOL = 1e-5
 
 pytestmark = pytest.mark.slow
@@ -25,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    per_rank = spawn(worker, 4, GRID + RANDOM + OVERLAP)
+    per_rank = spawn(worker, 4, GRID + RANDOM + OVERLAP + UNEVEN)
     by_case: dict[str, list[dict]] = {}
     for rank_results in per_rank:
         for r in rank_results:
@@ -76,7 +85,9 @@ def test_prefetch_overlap_gives_bitwise_identical_training(results):
     _check_exact(OVERLAP[0], on)
 
 
-@pytest.mark.parametrize("case", GRID + RANDOM, ids=[c.name for c in GRID + RANDOM])
+@pytest.mark.parametrize(
+    "case", GRID + RANDOM + UNEVEN, ids=[c.name for c in GRID + RANDOM + UNEVEN]
+)
 def test_bytes_equal_the_simulators_count(results, case):
     """The runtime's measured bytes, summed over ranks, equal embarkc.simulate.count_bytes
     on the same batches (the compiler's side of docs/communication.md)."""
@@ -115,3 +126,9 @@ def test_init_distributed_builds_nodes_and_rails_and_refuses_another_world(resul
         "the job has 4 processes but the plan is for 2 ranks" in r["refused"]
         for r in results["init"]
     )
+
+
+@pytest.mark.parametrize("case", UNEVEN, ids=[c.name for c in UNEVEN])
+def test_uneven_column_cuts_match_reference_and_doc(results, case):
+    _check_exact(case, results[case.name])
+    _check_bytes(case, results[case.name])
