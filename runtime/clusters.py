@@ -21,11 +21,11 @@ fp32 partial vectors back (flat: owner -> requester; hierarchical: owner -> the
 requester's rail peer on the owner's node, which sums the node's row shards and sends,
 across the network, one vector per (sample, feature) covering the union of the columns
 of the table's cells on its node); ub sends distinct keys and gets one vector per key
-back; dp sends nothing forward and all-reduces (dense) or
-all-gathers (sparse) gradients. Two uncounted extras: the position of every id of a
-concat feature in its bag (rb, needed to place it when a bag is split over row shards),
-and, for dense dp exchange, a touched-row mask (4 bytes per row) so that exactly the rows
-present in the global batch are updated, as in the reference.
+back; dp sends nothing forward and all-reduces (dense) or all-gathers (sparse)
+gradients. Two uncounted extras: the position of every id of a concat feature in its bag
+(rb, needed to place it when a bag is split over row shards), and, for dense dp
+exchange, a touched-row mask (4 bytes per row) so that exactly the rows present in the
+global batch are updated, as in the reference.
 """
 
 from __future__ import annotations

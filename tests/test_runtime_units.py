@@ -386,3 +386,23 @@ def test_one_rank_training_on_cuda_equals_the_cpu_reference():
         assert torch.allclose(
             emb.gather_table(t.name).cpu(), ref.table_weights(t.name), rtol=1e-5, atol=1e-6
         )
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_tables_train_like_the_reference(dtype):
+    """Weights stored in the table's dtype, computed and updated in fp32: equal to the
+    reference up to one rounding of the stored dtype."""
+    plan = _mixed_plan()
+    plan = plan.model_copy(
+        update={"tables": [t.model_copy(update={"dtype": dtype}) for t in plan.tables]}
+    )
+    emb, ref = ShardedEmbeddings(plan, 0, 1), ReferenceEmbeddings(plan)
+    for step in range(2):
+        batch = random_global_batch(plan, step)
+        sum(v.sum() for v in emb(batch).values()).backward()
+        sum(v.sum() for v in ref(batch).values()).backward()
+    ulp = {"fp16": 2**-10, "bf16": 2**-7}[dtype]
+    for t in plan.tables:
+        got, want = emb.gather_table(t.name), ref.table_weights(t.name)
+        assert emb._cluster_of(t.name).cells and got.dtype == torch.float32
+        assert torch.allclose(got, want, rtol=2 * ulp, atol=1e-6), t.name
