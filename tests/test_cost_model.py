@@ -117,7 +117,7 @@ def test_memory_counts_weights_state_and_adagrad():
     assert m0["optimizer_state"] == 500 * 16 * 4
 
 
-def test_dp_dense_exchange_is_a_ring():
+def test_dp_dense_exchange_on_one_node_is_an_nvlink_ring():
     prog = _program(rows=10, gpus=4)
     cm = CostModel(prog)
     dv = cm.dp_values(cm.facts["t0"], "dense")
@@ -148,3 +148,46 @@ def test_evaluate_recosts_any_plan_like_the_planner():
     assert per_rank[0]["memory"]["weights"] == 2500 * 32 * 4
     assert per_rank[1]["memory"]["weights"] == 2500 * 16 * 4
     assert est2["step_time"] > 0
+
+
+def test_collectives_against_hand_computed_bytes():
+    from embarkc.planner import collectives as coll
+
+    # all-reduce of 800 B on 2 nodes x 4 GPUs, NVLink 100 B/s, NIC 10 B/s:
+    # reduce-scatter 3/4*800 + all-gather 3/4*800 over NVLink; 2*(1/2)*800/4 per rail
+    ar = coll.allreduce(800.0, 4, 2, 100.0, 10.0)
+    assert (ar.intra, ar.inter, ar.seconds) == pytest.approx((1200.0, 200.0, 32.0))
+    one_node = coll.allreduce(800.0, 4, 1, 100.0, 10.0)
+    assert (one_node.intra, one_node.inter) == pytest.approx((1200.0, 0.0))
+    one_gpu = coll.allreduce(800.0, 1, 4, 100.0, 10.0)  # the flat ring over the NICs
+    assert (one_gpu.intra, one_gpu.inter, one_gpu.seconds) == pytest.approx((0, 1200.0, 120.0))
+    assert coll.allreduce(800.0, 1, 1, 100.0, 10.0).seconds == 0.0
+    # all-gather of 100 B per rank: 1 rail peer over the NIC, then 2 messages to 3 peers
+    ag = coll.allgather(100.0, 4, 2, 100.0, 10.0)
+    assert (ag.intra, ag.inter, ag.seconds) == pytest.approx((600.0, 100.0, 16.0))
+    t = coll.alltoall_seconds(
+        np.array([100.0, 0.0]), np.array([50.0, 200.0]), 10.0, np.array([0.0, 20.0]), 100.0, 10.0
+    )
+    assert t == pytest.approx([1.0 + 1.0, 2.0 + 2.0])
+
+
+def test_dp_dense_exchange_is_hierarchical_across_nodes():
+    prog = _program(rows=10, nodes=2, gpus=2)
+    cm = CostModel(prog)
+    dv = cm.dp_values(cm.facts["t0"], "dense")
+    size = 10 * 16 * 4
+    intra, inter = 2 * 1 / 2 * size, 2 * 1 / 2 * size / 2
+    assert (dv.sent_intra, dv.sent_inter) == pytest.approx((intra, inter))
+    assert dv.exchange_time == pytest.approx(
+        intra / (1e11 * K.NVLINK_EFFICIENCY) + inter / (1e10 * K.NETWORK_EFFICIENCY)
+    )
+
+
+def test_dp_sparse_exchange_is_a_rail_all_gather():
+    prog = _program(rows=1000, nodes=2, gpus=2, batch=8, hotness=2)
+    cm = CostModel(prog)
+    dv = cm.dp_values(cm.facts["t0"], "sparse")
+    # b = 2 samples x 2 ids = 4 draws of 1000 uniform rows: 1000 (1 - (1 - 1/1000)^4)
+    u = 1000 * (1 - (1 - 1 / 1000) ** 4)
+    msg = u * (8 + 4 * 16)
+    assert (dv.sent_inter, dv.sent_intra) == pytest.approx((1 * msg, 1 * 2 * msg))

@@ -12,9 +12,10 @@ sampled batches); this module turns them into seconds:
   through each link of a rank (links are full duplex, so the busier direction decides),
   over the link's bandwidth times its efficiency, plus collective latencies; the
   backward mirrors the forward (same bytes, opposite direction);
-* dp_exchange: the dp tables' gradient all-reduce (dense, a ring whose slowest hop
-  decides) or all-gather (sparse), whichever the plan says (the planner picks the
-  cheaper).
+* dp_exchange: the dp tables' gradient all-reduce (dense: hierarchical, reduce-scatter
+  in the node, all-reduce of 1/G of it on every rail, all-gather in the node) or
+  all-gather (sparse: rail exchange, then inside the node), whichever the plan says (the
+  planner picks the cheaper); `embarkc.planner.collectives` gives bytes and seconds.
 
 A rank's estimate is the sum of its components; the step time is the largest rank's
 estimate (the collectives wait for the slowest rank). The dense MLP's compute and its
@@ -40,6 +41,7 @@ import numpy as np
 from embark_runtime import keys as keymod
 from embark_runtime.plan import Plan
 from embarkc.ir import Program, Table
+from embarkc.planner import collectives as coll
 from embarkc.planner import constants as K
 from embarkc.planner.types import Layout, Placement
 
@@ -471,19 +473,14 @@ class CostModel:
         if exchange == "dense":
             # scatter into a zeroed dense gradient, then update every row
             hbm = local + 2 * size + tf.rows * (touched_row + vec)
-            ring = 2.0 * (W - 1) / W * size
-            bw = self.bw_inter if self.nodes > 1 else self.bw_intra
-            t = ring / bw if W > 1 else 0.0
-            sent_intra = ring if self.nodes == 1 else ring * (G - 1) / G
-            sent_inter = 0.0 if self.nodes == 1 else ring / G
+            tr = coll.allreduce(size, G, self.nodes, self.bw_intra, self.bw_inter)
             buf = size
         else:
             msg = u_loc * (K.KEY_BYTES + vec)
-            sent_intra = (G - 1) * msg
-            sent_inter = (W - G) * msg
-            t = sent_intra / self.bw_intra + sent_inter / self.bw_inter
+            tr = coll.allgather(msg, G, self.nodes, self.bw_intra, self.bw_inter)
             hbm = local + W * msg + u_glob * touched_row + n * 2 * K.KEY_BYTES
             buf = W * msg
+        t, sent_intra, sent_inter = tr.seconds, tr.intra, tr.inter
         dv = DpValues(
             hbm=hbm,
             exchange_time=t,
@@ -536,13 +533,13 @@ class CostModel:
         return self.layout_state(layout).step_time()
 
     def dense_allreduce_time(self) -> float:
-        """Ring all-reduce of the dense model's fp32 gradients (not part of the step time)."""
+        """Hierarchical all-reduce of the dense model's fp32 gradients
+        (`collectives.allreduce`; not part of the step time)."""
         params = dense_parameters(self.program, sum(f.outputs for f in self.facts.values()))
         if self.W == 1:
             return 0.0
-        size = params * 4.0
-        bw = self.bw_inter if self.nodes > 1 else self.bw_intra
-        return 2.0 * (self.W - 1) / self.W * size / bw + self.collective_latency
+        tr = coll.allreduce(params * 4.0, self.G, self.nodes, self.bw_intra, self.bw_inter)
+        return tr.seconds + self.collective_latency
 
 
 def dense_parameters(program: Program, pooled_vectors: float) -> int:
@@ -737,8 +734,7 @@ class RankState:
         dr_i = (G - 1) * self.dist_own
         dr_n = (W - G) * self.dist_own
         distributor = (
-            np.maximum(ds_i, dr_i) / cm.bw_intra
-            + np.maximum(ds_n, dr_n) / cm.bw_inter
+            coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
             + a2a * cm.collective_latency
         )
         rs_i = self.res_sent_intra
