@@ -154,11 +154,12 @@ def initial_grid(cm: CostModel, u: Unit) -> tuple[int, int]:
     return r, c
 
 
-def initial_kinds(cm: CostModel, units: list[Unit]) -> dict[str, str]:
+def initial_kinds(cm: CostModel, units: list[Unit], allow_dp: bool = True) -> dict[str, str]:
     """Each unit's starting kind: the allowed kind with the least total work.
 
     dp is taken only while the replicated tables leave every rank room for its share of
-    the sharded ones (dp memory is paid on every rank).
+    the sharded ones (dp memory is paid on every rank); without `allow_dp` only for the
+    units pinned to dp.
     """
     choice: dict[str, str] = {}
     dp_cands: list[tuple[float, int, Unit]] = []
@@ -169,7 +170,7 @@ def initial_kinds(cm: CostModel, units: list[Unit]) -> dict[str, str]:
             k: sharded_total_seconds(cm, u, k, r, c) for k in u.kinds if k != "dp"
         }
         best = min(costs, key=lambda k: (costs[k], u.kinds.index(k))) if costs else None
-        if "dp" in u.kinds:
+        if "dp" in u.kinds and (allow_dp or best is None):
             dpc = dp_total_seconds(cm, u)
             if best is None or dpc < costs[best]:
                 gain = (costs[best] - dpc) if best is not None else math.inf

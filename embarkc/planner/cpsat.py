@@ -232,11 +232,15 @@ class _Refiner:
             o = self._options[key] = _option(self.cm, u, d)
         return o
 
-    def neighbourhood(self, rng: np.random.Generator, whole: bool) -> tuple[list[int], list[Unit]]:
-        """Free ranks and free units of the next neighbourhood."""
+    def neighbourhood(
+        self, rng: np.random.Generator, whole: bool
+    ) -> tuple[list[int], list[Unit], list[Unit]]:
+        """Free ranks, free units (grid and placement re-decided) and partly free units
+        (keep their grid; their cells on free ranks may move among them) of the next
+        neighbourhood."""
         cm = self.cm
         if whole:
-            return list(range(cm.W)), list(self.units)
+            return list(range(cm.W)), list(self.units), []
         t = self.times
         crit = int(np.argmax(t))
         free = {crit}
@@ -268,13 +272,29 @@ class _Refiner:
         if dps:
             pick = rng.choice(len(dps), size=min(DP_FREE_UNITS, len(dps)), replace=False)
             chosen += [dps[int(i)] for i in sorted(pick)]
+        inside_names = {u.name for u in inside}
+        partial = [
+            u
+            for u in self.units
+            if self.decision[u.name].kind != "dp"
+            and u.name not in inside_names
+            and fr & set(self.ranks[u.name].tolist())
+        ]
+        partial = ([u for u in partial if u in on_crit] + [u for u in partial if u not in on_crit])[
+            :MAX_FREE_UNITS
+        ]
         order_ix = {u.name: i for i, u in enumerate(self.units)}
-        return ranks, sorted(chosen, key=lambda u: order_ix[u.name])
+        return (
+            ranks,
+            sorted(chosen, key=lambda u: order_ix[u.name]),
+            sorted(partial, key=lambda u: order_ix[u.name]),
+        )
 
     def step(
         self,
         ranks_f: list[int],
         free_units: list[Unit],
+        partial_units: list[Unit],
         time_limit: float,
         seed: int,
     ) -> tuple[str, dict[str, tuple[_Option, np.ndarray]], float, float, float]:
@@ -289,6 +309,12 @@ class _Refiner:
         t0 = base.times()
         m0 = base.memory()
         fset = set(ranks_f)
+        movable: dict[str, list[int]] = {}
+        for u in partial_units:
+            o = self.option(u, self.decision[u.name])
+            movable[u.name] = [c for c, a in enumerate(self.ranks[u.name]) if int(a) in fset]
+            for c in movable[u.name]:
+                m0[int(self.ranks[u.name][c])] -= float(o.mem[c])
         out_f = np.ones(cm.W, dtype=bool)
         out_f[ranks_f] = False
         light = sorted(ranks_f, key=lambda a: (t0[a], a))
@@ -336,6 +362,10 @@ class _Refiner:
         for u in free_units:
             o = self.option(u, self.decision[u.name])
             np.add.at(cur_own, self.ranks[u.name], o.load.astype(np.float64))
+        for u in partial_units:
+            o = self.option(u, self.decision[u.name])
+            for c in movable[u.name]:
+                cur_own[int(self.ranks[u.name][c])] += float(o.load[c])
         base_ns = np.round(self.times * TIME_SCALE - cur_own - cur_uni).astype(np.int64)
         m = cp_model.CpModel()
         y: dict[tuple[str, int], cp_model.IntVar] = {}
@@ -369,6 +399,22 @@ class _Refiner:
                         hints.append((xv, int(on)))
                     m.add(sum(xs) == v)
             m.add_exactly_one(ys)
+        for u in partial_units:
+            o = self.option(u, self.decision[u.name])
+            ok = [a for a in ranks_f if a in fset]
+            if u.within_node:
+                node = cm.node_of[int(self.ranks[u.name][0])]
+                ok = [a for a in ok if cm.node_of[a] == node]
+            for c in movable[u.name]:
+                xs = []
+                for a in ok:
+                    xv = m.new_bool_var(f"p_{u.name}_{c}_{a}")
+                    x[u.name, -1, c, a] = xv
+                    xs.append(xv)
+                    load_terms[a].append((int(o.load[c]), xv))
+                    mem_terms[a].append((int(o.mem[c]), xv))
+                    hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
+                m.add_exactly_one(xs)
         capacity = int(cm.capacity)
         top = int(max(0, base_ns.max())) + sum(
             int(o.load.sum()) + o.uni_load for lst in opts.values() for o in lst
@@ -415,6 +461,15 @@ class _Refiner:
                         if (u.name, oi, c, a) in x and solver.value(x[u.name, oi, c, a])
                     )
                 chosen[u.name] = (o, where)
+        for u in partial_units:
+            where = self.ranks[u.name].copy()
+            for c in movable[u.name]:
+                where[c] = next(
+                    a
+                    for a in ranks_f
+                    if (u.name, -1, c, a) in x and solver.value(x[u.name, -1, c, a])
+                )
+            chosen[u.name] = (self.option(u, self.decision[u.name]), where)
         assert fset  # ranks_f is never empty
         name = "optimal" if status == cp_model.OPTIMAL else "feasible"
         return (
@@ -428,6 +483,7 @@ class _Refiner:
     def trial(
         self, free_units: list[Unit], chosen: dict[str, tuple[_Option, np.ndarray]]
     ) -> RankState:
+        """The full model's state with the `chosen` options and ranks of `free_units`."""
         st = _clone(self.state)
         for u in free_units:
             _apply(st, self.option(u, self.decision[u.name]), self.ranks[u.name], -1.0)
@@ -474,15 +530,16 @@ def refine(
     last: tuple[str, float, float] | None = None
     stall_limit = 2 if whole else LNS_STALL
     while spent < time_limit - 1e-9 and stall < stall_limit and steps < max_steps:
-        ranks_f, free_units = ref.neighbourhood(rng, whole)
-        if not free_units:
+        ranks_f, free_units, partial_units = ref.neighbourhood(rng, whole)
+        if not free_units and not partial_units:
             stall += 1
             steps += 1
             spent += per_step
             continue
         status, chosen, obj, bound, dt = ref.step(
-            ranks_f, free_units, min(per_step, time_limit - spent), seed + steps
+            ranks_f, free_units, partial_units, min(per_step, time_limit - spent), seed + steps
         )
+        free_units = free_units + partial_units
         spent += dt if dt > 0 else per_step
         steps += 1
         if not chosen:

@@ -415,18 +415,21 @@ def greedy(
 ) -> GreedyResult:
     """EMBark's greedy search on the cost model `cm` (see the module docstring).
 
-    Two starts are searched and the faster result kept: the kinds the cost model prefers
-    for each unit alone, and every unit sharded (rb where allowed, dp only if pinned),
-    since a plan's best kinds depend on the whole plan, not on each table alone; small
-    programs search both in two placement modes (`FOUR_START_UNITS`), programs with more
-    than `MULTI_START_UNITS` units the first start only.
+    Up to three starts are searched and the fastest result kept: the kinds the cost model
+    prefers for each unit alone, the same without dp (a replicated table is cheap alone
+    but its descent can end in a worse plan), and every unit sharded with its first
+    allowed kind (rb where allowed, dp only if pinned), since a plan's best kinds depend
+    on the whole plan, not on each table alone; small programs search each start in two
+    placement modes (`FOUR_START_UNITS`), programs with more than `MULTI_START_UNITS`
+    units the first start only.
     """
     units = units_of(cm)
     check_fits(cm, units)
     comm = "hierarchical" if cm.program.options.communication == "hierarchical" else "flat"
     kinds = initial_kinds(cm, units)
+    sharded = initial_kinds(cm, units, allow_dp=False)
     starts: list[dict[str, Decision]] = []
-    for choose in (lambda u: kinds[u.name], lambda u: u.kinds[0]):
+    for choose in (lambda u: kinds[u.name], lambda u: sharded[u.name], lambda u: u.kinds[0]):
         decisions: dict[str, Decision] = {}
         for u in units:
             k = choose(u)
