@@ -481,10 +481,11 @@ def _kernels(program: TrainProgram, device: torch.device) -> tuple[Any, str]:
     """The kernel implementation for `device` and a phrase saying which it is."""
     if device.type != "cuda":
         return None, "torch kernels (no CUDA)"
-    from embark_runtime.cuda_kernels import CudaKernels
+    # kernels_for never raises: without cupy/NVRTC it falls back to the torch path and
+    # says why, so a CUDA machine without cupy still trains.
+    from embark_runtime.cuda_kernels import kernels_for
 
-    kernels = CudaKernels(program.kernels_dir, device=device)
-    return kernels, f"generated CUDA kernels from {program.kernels_dir}"
+    return kernels_for(program.kernels_dir, device)
 
 
 def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) -> int:
