@@ -15,13 +15,16 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     the ranks outside the neighbourhood too:  max_b base_b + sum_o U_o y[o] <= T
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
     within_node units stay on their node:     x[c, a] == 0 for a off that node
-    minimise T; hints: the current option and ranks
+    few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
+    minimise T; hints: the current option and ranks (a complete solution)
 
-`base` is the full cost model's rank times with the free units removed; `L_c` is what a
-cell puts on its owner (`cost.owner_seconds`); `U_o` is what the option adds to every
-rank that does not own one of its cells (requester work, receiving, collectives), measured
-with the full model around the current plan. The model is thus the full cost model
-linearised around the current plan; every solution is re-costed by the full model and
+`L_c` is what a
+cell puts on its owner (`cost.owner_seconds`); `U_o` is what the option adds to the
+ranks that own none of its cells (requester work, receiving, collectives): the largest
+such change the full model shows when the option replaces the unit's current one in the
+current plan. `base` is calibrated so that the model gives the current plan exactly the
+full model's rank times. The model is thus the full cost model linearised around the
+current plan, on the safe side; every solution is re-costed by the full model and
 accepted when it lowers the 16-norm of the rank times (the greedy's descent criterion).
 
 Neighbourhoods (large-neighbourhood search): the critical rank, the ranks of the units on
@@ -62,6 +65,11 @@ WHOLE_UNITS = 32
 
 MAX_CELL_VARS = 12000
 """Most cell-to-rank booleans in one model: options beyond it are left out."""
+
+MAX_GRID_CHANGES = 2
+"""Most units whose option changes in one neighbourhood: what one option adds to the
+rank times is measured alone, and the full model's max(sent, received) per link makes
+several changes together less than additive."""
 
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
@@ -320,8 +328,14 @@ class _Refiner:
         light = sorted(ranks_f, key=lambda a: (t0[a], a))
         opts: dict[str, list[_Option]] = {}
         budget = MAX_CELL_VARS
+        work = _clone(self.state)
         for u in free_units:
             cur = self.decision[u.name]
+            # each option is measured against the current plan without this unit only:
+            # the linearisation is around the current plan, one unit at a time
+            cur_o = self.option(u, cur)
+            _apply(work, cur_o, self.ranks[u.name], -1.0)
+            t_u = work.times()
             allowed = np.zeros(cm.W, dtype=bool)
             allowed[ranks_f] = True
             if u.within_node and cur.kind != "dp":
@@ -334,24 +348,27 @@ class _Refiner:
                     continue
                 budget -= cost
                 # U_o: the option placed on the lightest free ranks (or where it is), the
-                # median change of the rank times that own none of its cells
+                # largest change of the rank times that own none of its cells (receiving
+                # differs between the owners' node and the others: the model stays on the
+                # safe side, the re-costing decides)
                 if d == cur:
                     where = self.ranks[u.name]
                 else:
                     ok = [a for a in light if allowed[a]] or light
                     where = np.array([ok[i % len(ok)] for i in range(len(o.load))], np.int64)
-                _apply(base, o, where, 1.0)
-                delta = base.times() - t0
-                _apply(base, o, where, -1.0)
+                _apply(work, o, where, 1.0)
+                delta = work.times() - t_u
+                _apply(work, o, where, -1.0)
                 own = np.zeros(cm.W)
                 np.add.at(own, where, o.load / TIME_SCALE)
                 holders = own > 0
                 rest = delta[~holders] if (~holders).any() else delta - own
                 uni = copy.copy(o)
-                uni.uni_load = max(0, int(round(float(np.median(rest)) * TIME_SCALE)))
+                uni.uni_load = max(0, int(round(float(np.max(rest)) * TIME_SCALE)))
                 uni.allowed = allowed
                 lst.append(uni)
             opts[u.name] = lst
+            _apply(work, cur_o, self.ranks[u.name], 1.0)
 
         # linearise around the current plan: base times such that the model gives the
         # current plan exactly the full model's rank times
@@ -375,6 +392,7 @@ class _Refiner:
         uni_load: list[tuple[int, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
         hints: list[tuple[cp_model.IntVar, int]] = []
+        keep: list[cp_model.IntVar] = []
         for u in free_units:
             cur = self.decision[u.name]
             ys = []
@@ -399,6 +417,10 @@ class _Refiner:
                         hints.append((xv, int(on)))
                     m.add(sum(xs) == v)
             m.add_exactly_one(ys)
+            keep.append(ys[0])
+        # the linearisation is additive only for a few changes at a time
+        if keep:
+            m.add(sum(1 - v for v in keep) <= MAX_GRID_CHANGES)
         for u in partial_units:
             o = self.option(u, self.decision[u.name])
             ok = [a for a in ranks_f if a in fset]
