@@ -18,9 +18,8 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
     minimise T; hints: the current option and ranks (a complete solution)
 
-`L_c` is what a
-cell puts on its owner (`cost.owner_seconds`); `U_o` is what the option adds to the
-ranks that own none of its cells (requester work, receiving, collectives): the largest
+`L_c` is what a cell puts on its owner (`cost.owner_seconds`); `U_o` is what the option
+adds to the ranks that own none of its cells (requester work, receiving, collectives): the largest
 such change the full model shows when the option replaces the unit's current one in the
 current plan. `base` is calibrated so that the model gives the current plan exactly the
 full model's rank times. The model is thus the full cost model linearised around the
@@ -29,7 +28,9 @@ accepted when it lowers the 16-norm of the rank times (the greedy's descent crit
 
 Neighbourhoods (large-neighbourhood search): the critical rank, the ranks of the units on
 it, the lightest ranks and seeded random others; the free units are those whose cells all
-lie there, plus a few dp units. Small programs are solved whole (every unit, every rank).
+lie there, plus a few dp units; units spread further keep their grid, and their cells on
+the free ranks may move among them. Small programs are solved whole (every unit, every
+rank).
 Each solve uses one worker and `max_deterministic_time`, and the number of
 neighbourhoods is bounded per second of time limit, so a fixed seed gives the same plan.
 The refinement returns the greedy layout unless it found a strictly faster one.
