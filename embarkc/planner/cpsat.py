@@ -16,7 +16,7 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
     within_node units stay on their node:     x[c, a] == 0 for a off that node
     few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
-    minimise T; hints: the current option and ranks (a complete solution)
+    minimise T, then the number of changes; hints: the current plan (a complete solution)
 
 `L_c` is what a cell puts on its owner (`cost.owner_seconds`); `U_o` is what the option
 adds to the ranks that own none of its cells (requester work, receiving, collectives): the largest
@@ -24,7 +24,8 @@ such change the full model shows when the option replaces the unit's current one
 current plan. `base` is calibrated so that the model gives the current plan exactly the
 full model's rank times. The model is thus the full cost model linearised around the
 current plan, on the safe side; every solution is re-costed by the full model and
-accepted when it lowers the 16-norm of the rank times (the greedy's descent criterion).
+accepted when it lowers the 16-norm of the rank times (the greedy's descent criterion) or
+the step time.
 
 Neighbourhoods (large-neighbourhood search): the critical rank, the ranks of the units on
 it, the lightest ranks and seeded random others; the free units are those whose cells all
@@ -55,7 +56,7 @@ LNS_RANKS = 8
 MAX_RANKS = 16
 """Most ranks in one neighbourhood (the critical rank's units join it while they fit)."""
 
-MAX_FREE_UNITS = 24
+MAX_FREE_UNITS = 32
 """Most units whose grid and placement one neighbourhood re-decides."""
 
 DP_FREE_UNITS = 2
@@ -75,7 +76,7 @@ several changes together less than additive."""
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
 
-LNS_STEPS_PER_SECOND = 10
+LNS_STEPS_PER_SECOND = 4
 """Neighbourhoods allowed per second of time limit: bounds the Python work around the
 solver (re-costing every candidate) as deterministically as the solver's own limit."""
 
@@ -451,18 +452,25 @@ class _Refiner:
         if out_f.any():
             m.add(int(base_ns[out_f].max()) + uload <= T)
             m.add(int(np.ceil(float(m0[out_f].max()))) + umem <= capacity)
-        m.minimize(T)
+        # the makespan first, then as few changes as possible: a cell that moves or an
+        # option that changes without lowering T only adds linearisation error
+        stay = [v for v, h in hints if h == 1]
+        weight = len(stay) + 1
+        m.minimize(weight * T - sum(stay))
         # a complete hint (the current plan) is a first solution the solver only repairs
         for v, h in hints:
             m.add_hint(v, h)
-        m.add_hint(T, max(int(round(float(self.times.max()) * TIME_SCALE)), 0))
+        # the hinted makespan is the model's own value of the current plan (rounding
+        # of the calibrated base must not make the hint infeasible)
+        cur_t = base_ns + int(cur_uni) + np.round(cur_own).astype(np.int64)
+        m.add_hint(T, max(int(cur_t.max()), 0))
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = seed
         solver.parameters.max_deterministic_time = max(time_limit, 0.01)
         # the linearised model is within about 1 % of the full one: a tighter gap buys
         # nothing the re-costing would keep
-        solver.parameters.relative_gap_limit = 0.005
+        solver.parameters.relative_gap_limit = 0.0005
         # a wall-clock safety net far above the deterministic limit (it never binds in
         # practice, so results stay reproducible)
         solver.parameters.max_time_in_seconds = 10.0 * time_limit + 30.0
@@ -499,7 +507,8 @@ class _Refiner:
             name,
             chosen,
             solver.value(T) / TIME_SCALE,
-            solver.best_objective_bound / TIME_SCALE,
+            # a bound on T: objective = weight * T - kept >= bound, kept <= len(stay)
+            max(0.0, solver.best_objective_bound / weight) / TIME_SCALE,
             dt,
         )
 
@@ -571,7 +580,7 @@ def refine(
         st = ref.trial(free_units, chosen)
         times = st.times()
         norm = _norm(times)
-        if norm < cur_norm * (1 - 1e-9):
+        if norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9):
             ref.accept(free_units, chosen, st, times)
             cur_norm, stall = norm, 0
             last = (status if whole else "feasible", obj, bound)
