@@ -720,27 +720,40 @@ class RankState:
         self.all_buf += sign * cv.buf_all
 
     # ------------------------------------------------------------------ results
-    def components(self) -> dict[str, np.ndarray]:
-        """Seconds per rank of every component."""
+    def links(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Bytes (sent, received) per rank of each all-to-all link: the distributor's keys
+        and the forward results (the backward mirrors them), intra- and inter-node."""
         cm = self.cm
         W, G = cm.W, cm.G
         no = cm.node_of
+        return {
+            "dist_intra": (self.dist_node[no] - self.dist_own, (G - 1) * self.dist_own),
+            "dist_inter": (self.dist_tot - self.dist_node[no], (W - G) * self.dist_own),
+            "res_intra": (
+                self.res_sent_intra,
+                self.res_recv_intra_node[no] - self.res_recv_intra_sub,
+            ),
+            "res_inter": (
+                self.res_sent_inter + self.res_sent_inter_node[no],
+                self.res_recv_inter_tot - self.res_recv_inter_node_sub[no],
+            ),
+        }
+
+    def components(self) -> dict[str, np.ndarray]:
+        """Seconds per rank of every component."""
+        cm = self.cm
+        W = cm.W
         c = self.counts
         a2a = int(c["rb_flat"] > 0) + int(c["rb_hier"] > 0) + int(c["ub"] > 0)
         launches = 3 * (a2a + int(c["dp"] > 0)) + 2 * int(c["ub"] > 0)
         lookup = (self.hbm_own + self.hbm_all) / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
-        ds_i = self.dist_node[no] - self.dist_own
-        ds_n = self.dist_tot - self.dist_node[no]
-        dr_i = (G - 1) * self.dist_own
-        dr_n = (W - G) * self.dist_own
+        lk = self.links()
+        (ds_i, dr_i), (ds_n, dr_n) = lk["dist_intra"], lk["dist_inter"]
         distributor = (
             coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
             + a2a * cm.collective_latency
         )
-        rs_i = self.res_sent_intra
-        rr_i = self.res_recv_intra_node[no] - self.res_recv_intra_sub
-        rs_n = self.res_sent_inter + self.res_sent_inter_node[no]
-        rr_n = self.res_recv_inter_tot - self.res_recv_inter_node_sub[no]
+        (rs_i, rr_i), (rs_n, rr_n) = lk["res_intra"], lk["res_inter"]
         res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0)) * cm.collective_latency
         nvlink = 2.0 * np.maximum(rs_i, rr_i) / cm.bw_intra
         network = 2.0 * np.maximum(rs_n, rr_n) / cm.bw_inter

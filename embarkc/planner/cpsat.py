@@ -7,25 +7,30 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
 
     y[o]      option o of a free unit is chosen
     x[c, a]   cell c of option o is on rank a (a free rank)
+    z[l, a]   seconds of all-to-all link l (keys or results, intra or inter node) on rank a
     T         the makespan
 
     one option per free unit:                 sum_o y[o] == 1
     a chosen option's cells are placed once:  sum_a x[c, a] == y[o]
-    a rank's time is below T:                 base_a + sum_o U_o y[o] + sum_c L_c x[c, a] <= T
-    the ranks outside the neighbourhood too:  max_b base_b + sum_o U_o y[o] <= T
+    a link costs its busier side:             z[l, a] >= F_l(a),  z[l, a] >= V_l(a) + sum_c v_lc x[c, a]
+    a rank's time is below T:                 base_a + sum_o U_o(a) y[o] + sum_c h_c x[c, a] + sum_l z[l, a] <= T
+    the ranks outside the neighbourhood too:  max_b (t_b - U(b)) + sum_o max_b U_o(b) y[o] <= T
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
     within_node units stay on their node:     x[c, a] == 0 for a off that node
     few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
     minimise T, then the number of changes; hints: the current plan (a complete solution)
 
-`L_c` is what a cell puts on its owner (`cost.owner_seconds`); `U_o` is what the option
-adds to the ranks that own none of its cells (requester work, receiving, collectives): the largest
-such change the full model shows when the option replaces the unit's current one in the
-current plan. `base` is calibrated so that the model gives the current plan exactly the
-full model's rank times. The model is thus the full cost model linearised around the
-current plan, on the safe side; every solution is re-costed by the full model and
-accepted when it lowers the 16-norm of the rank times (the greedy's descent criterion) or
-the step time.
+This is the full cost model (`cost.RankState`) linearised around the current plan. `h_c`
+is a cell's HBM work on its owner; `v_lc` its owner's side of link l (keys received,
+results sent forward and backward); `V_l(a)` the owner side of the cells that stay and
+`F_l(a)` the other side (keys sent, results received) as they are in the current plan
+(links are full duplex: `max(sent, received)`, as the cost model says). `U_o(a)` is what
+the option adds to a rank besides its owner side (requester work, receiving,
+collectives): the change of the rank's time in the full model when the option replaces
+the unit's current one in the current plan. `base` is calibrated so that the model gives
+the current plan exactly the full model's rank times. Every solution is re-costed by the
+full model and accepted when it lowers the 16-norm of the rank times (the greedy's
+descent criterion) or the step time.
 
 Neighbourhoods (large-neighbourhood search): the critical rank, the ranks of the units on
 it, the lightest ranks and seeded random others; the free units are those whose cells all
@@ -83,6 +88,12 @@ solver (re-costing every candidate) as deterministically as the solver's own lim
 TIME_SCALE = 1e9
 """Integer model time unit: nanoseconds."""
 
+LINKS = ("dist_intra", "dist_inter", "res_intra", "res_inter")
+"""All-to-all links whose time is max(sent, received): the owner side varies with the
+placement, the other side is taken as it is in the current plan."""
+
+PARTS = ("hbm", *LINKS)
+
 
 @dataclass
 class RefineResult:
@@ -109,7 +120,13 @@ class _Option:
     uni_mem: int
     """M_o, bytes on every rank."""
     uni_load: int = 0
-    """U_o, ns on every rank that owns none of its cells."""
+    """The largest entry of `uni` (ns)."""
+    uni: np.ndarray | None = None
+    """U_o per rank (ns, int64): what the option adds to the rank besides its owner loads."""
+    parts: dict[str, np.ndarray] | None = None
+    """Per cell (ns, int64): `hbm` (owner's HBM work) and the owner's side of each
+    all-to-all link (`dist_intra`, `dist_inter`: keys received; `res_intra`,
+    `res_inter`: results sent, forward and backward)."""
     allowed: np.ndarray | None = None
 
 
@@ -177,12 +194,16 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             uni += dv.weights + dv.state + dv.buf
             templates.append((n, Placement(kind="dp", exchange=ex)))  # type: ignore[arg-type]
         empty = np.zeros(0, dtype=np.int64)
-        return _Option(u, d, templates, empty, empty, int(np.ceil(uni)))
+        return _Option(
+            u, d, templates, empty, empty, int(np.ceil(uni)), parts={k: empty for k in PARTS}
+        )
     cells = d.r * d.c
     load = np.zeros(cells)
     mem = np.zeros(cells)
     uni = 0.0
     templates = []
+    parts = {k: np.zeros(cells) for k in PARTS}
+    W, G = cm.W, cm.G
     for n in u.tables:
         tf = cm.facts[n]
         p = Placement(
@@ -195,6 +216,15 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         cv = cm.grid_values(tf, p)
         load += owner_seconds(cm, cv)
         mem += cv.weights + cv.state + cv.buf_own
+        parts["hbm"] += cv.hbm_own / cm.bw_hbm
+        parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
+        parts["dist_inter"] += (W - G) * cv.dist / cm.bw_inter
+        if d.comm == "hierarchical" and cm.nodes > 1:
+            # partials for other nodes go to the rail peer inside the node
+            parts["res_intra"] += 2.0 * cm.nodes * (G - 1) * cv.res / cm.bw_intra
+        else:
+            parts["res_intra"] += 2.0 * (G - 1) * cv.res / cm.bw_intra
+            parts["res_inter"] += 2.0 * (W - G) * cv.res / cm.bw_inter
         uni += cv.buf_all
         templates.append((n, p))
     return _Option(
@@ -204,6 +234,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         np.round(load * TIME_SCALE).astype(np.int64),
         np.ceil(mem).astype(np.int64),
         int(np.ceil(uni)),
+        parts={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in parts.items()},
     )
 
 
@@ -349,10 +380,9 @@ class _Refiner:
                 if d != cur and cost > budget:
                     continue
                 budget -= cost
-                # U_o: the option placed on the lightest free ranks (or where it is), the
-                # largest change of the rank times that own none of its cells (receiving
-                # differs between the owners' node and the others: the model stays on the
-                # safe side, the re-costing decides)
+                # U_o per rank: the option placed on the lightest free ranks (or where it
+                # is) in the current plan, the change of every rank's time besides the
+                # owner loads (receiving differs between the owners' node and the others)
                 if d == cur:
                     where = self.ranks[u.name]
                 else:
@@ -364,9 +394,12 @@ class _Refiner:
                 own = np.zeros(cm.W)
                 np.add.at(own, where, o.load / TIME_SCALE)
                 holders = own > 0
-                rest = delta[~holders] if (~holders).any() else delta - own
+                if holders.any() and (~holders).any():
+                    # a holder's own change is the owner side; the rest as elsewhere
+                    delta[holders] = float(np.median(delta[~holders]))
                 uni = copy.copy(o)
-                uni.uni_load = max(0, int(round(float(np.max(rest)) * TIME_SCALE)))
+                uni.uni = np.maximum(np.round(delta * TIME_SCALE), 0).astype(np.int64)
+                uni.uni_load = int(uni.uni.max())
                 uni.allowed = allowed
                 lst.append(uni)
             opts[u.name] = lst
@@ -374,24 +407,43 @@ class _Refiner:
 
         # linearise around the current plan: base times such that the model gives the
         # current plan exactly the full model's rank times
-        cur_uni = sum(
-            o.uni_load for lst in opts.values() for o in lst if o.d == self.decision[o.unit.name]
-        )
-        cur_own = np.zeros(cm.W)
-        for u in free_units:
+        cur_uni = np.zeros(cm.W, dtype=np.int64)
+        for lst in opts.values():
+            for o in lst:
+                if o.d == self.decision[o.unit.name]:
+                    assert o.uni is not None
+                    cur_uni += o.uni
+        # the owner sides of the movable cells, and each link's two sides now (ns)
+        cur_part = {k: np.zeros(cm.W, dtype=np.int64) for k in PARTS}
+        for u in free_units + partial_units:
             o = self.option(u, self.decision[u.name])
-            np.add.at(cur_own, self.ranks[u.name], o.load.astype(np.float64))
-        for u in partial_units:
-            o = self.option(u, self.decision[u.name])
-            for c in movable[u.name]:
-                cur_own[int(self.ranks[u.name][c])] += float(o.load[c])
-        base_ns = np.round(self.times * TIME_SCALE - cur_own - cur_uni).astype(np.int64)
+            assert o.parts is not None
+            cells = range(len(o.load)) if u.name not in movable else movable[u.name]
+            for c in cells:
+                for k in PARTS:
+                    cur_part[k][int(self.ranks[u.name][c])] += int(o.parts[k][c])
+        links = self.state.links()
+        bw = {"intra": cm.bw_intra, "inter": cm.bw_inter}
+        var_ns: dict[str, np.ndarray] = {}
+        fix_ns: dict[str, np.ndarray] = {}
+        for k in LINKS:
+            sent, received = links[k]
+            scale = TIME_SCALE / bw[k.split("_")[1]] * (2.0 if k.startswith("res") else 1.0)
+            own_side, other = (received, sent) if k.startswith("dist") else (sent, received)
+            var_ns[k] = np.round(np.maximum(own_side, 0) * scale).astype(np.int64)
+            fix_ns[k] = np.round(np.maximum(other, 0) * scale).astype(np.int64)
+        t_ns = np.round(self.times * TIME_SCALE).astype(np.int64)
+        link_now = sum(np.maximum(var_ns[k], fix_ns[k]) for k in LINKS)
+        base_ns = t_ns - link_now - cur_part["hbm"] - cur_uni
+        out_base = t_ns - cur_uni
         m = cp_model.CpModel()
         y: dict[tuple[str, int], cp_model.IntVar] = {}
         x: dict[tuple[str, int, int, int], cp_model.IntVar] = {}
-        load_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
+        terms: dict[str, dict[int, list[tuple[int, cp_model.IntVar]]]] = {
+            k: {a: [] for a in ranks_f} for k in PARTS
+        }
         mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
-        uni_load: list[tuple[int, cp_model.IntVar]] = []
+        uni_load: list[tuple[np.ndarray, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
         hints: list[tuple[cp_model.IntVar, int]] = []
         keep: list[cp_model.IntVar] = []
@@ -403,7 +455,8 @@ class _Refiner:
                 y[u.name, oi] = v
                 ys.append(v)
                 hints.append((v, int(o.d == cur)))
-                uni_load.append((o.uni_load, v))
+                assert o.uni is not None
+                uni_load.append((o.uni, v))
                 uni_mem.append((o.uni_mem, v))
                 assert o.allowed is not None
                 cand = [a for a in ranks_f if o.allowed[a]]
@@ -413,7 +466,10 @@ class _Refiner:
                         xv = m.new_bool_var(f"x_{u.name}_{oi}_{c}_{a}")
                         x[u.name, oi, c, a] = xv
                         xs.append(xv)
-                        load_terms[a].append((int(o.load[c]), xv))
+                        assert o.parts is not None
+                        for k in PARTS:
+                            if o.parts[k][c]:
+                                terms[k][a].append((int(o.parts[k][c]), xv))
                         mem_terms[a].append((int(o.mem[c]), xv))
                         on = o.d == cur and int(self.ranks[u.name][c]) == a
                         hints.append((xv, int(on)))
@@ -435,22 +491,48 @@ class _Refiner:
                     xv = m.new_bool_var(f"p_{u.name}_{c}_{a}")
                     x[u.name, -1, c, a] = xv
                     xs.append(xv)
-                    load_terms[a].append((int(o.load[c]), xv))
+                    assert o.parts is not None
+                    for k in PARTS:
+                        if o.parts[k][c]:
+                            terms[k][a].append((int(o.parts[k][c]), xv))
                     mem_terms[a].append((int(o.mem[c]), xv))
                     hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
                 m.add_exactly_one(xs)
         capacity = int(cm.capacity)
-        top = int(max(0, base_ns.max())) + sum(
-            int(o.load.sum()) + o.uni_load for lst in opts.values() for o in lst
+        top = int(max(0, t_ns.max(), out_base.max())) + sum(
+            int(o.load.sum()) + o.uni_load + sum(int(v.sum()) for v in (o.parts or {}).values())
+            for lst in opts.values()
+            for o in lst
         )
         T = m.new_int_var(0, top + 1, "T")
-        uload = sum(c * v for c, v in uni_load)
         umem = sum(c * v for c, v in uni_mem)
+        z_hints: list[tuple[cp_model.IntVar, int]] = []
         for a in ranks_f:
-            m.add(int(base_ns[a]) + uload + sum(c * v for c, v in load_terms[a]) <= T)
+            uload = sum(int(c[a]) * v for c, v in uni_load if c[a])
+            # each link costs its busier side: the owner side (fixed part plus the cells
+            # placed here) or the other side as it is now
+            zs = []
+            for k in LINKS:
+                z = m.new_int_var(0, top + 1, f"z_{k}_{a}")
+                v0 = int(var_ns[k][a] - cur_part[k][a])
+                m.add(z >= int(fix_ns[k][a]))
+                m.add(z >= v0 + sum(c * v for c, v in terms[k][a]))
+                z_hints.append((z, int(max(fix_ns[k][a], var_ns[k][a]))))
+                zs.append(z)
+            hbm = sum(c * v for c, v in terms["hbm"][a])
+            m.add(int(base_ns[a]) + uload + hbm + sum(zs) <= T)
             m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
+        out_t = 0
         if out_f.any():
-            m.add(int(base_ns[out_f].max()) + uload <= T)
+            # the ranks outside, together: their largest base plus each option's largest
+            # addition to them (on the safe side)
+            out_u = [(int(c[out_f].max()), v) for c, v in uni_load]
+            m.add(int(out_base[out_f].max()) + sum(c * v for c, v in out_u if c) <= T)
+            out_t = int(out_base[out_f].max())
+            for lst in opts.values():
+                for o in lst:
+                    if o.d == self.decision[o.unit.name] and o.uni is not None:
+                        out_t += int(o.uni[out_f].max())
             m.add(int(np.ceil(float(m0[out_f].max()))) + umem <= capacity)
         # the makespan first, then as few changes as possible: a cell that moves or an
         # option that changes without lowering T only adds linearisation error
@@ -462,8 +544,9 @@ class _Refiner:
             m.add_hint(v, h)
         # the hinted makespan is the model's own value of the current plan (rounding
         # of the calibrated base must not make the hint infeasible)
-        cur_t = base_ns + int(cur_uni) + np.round(cur_own).astype(np.int64)
-        m.add_hint(T, max(int(cur_t.max()), 0))
+        for z, h in z_hints:
+            m.add_hint(z, h)
+        m.add_hint(T, max(int(t_ns[ranks_f].max()), out_t, 0))
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = seed
