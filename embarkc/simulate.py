@@ -13,10 +13,11 @@ WHAT IS COUNTED (docs/communication.md is the definition of the bytes on the wir
 Wire bytes, at the sender, for messages between different ranks; intra-node when both
 ranks are on one node. Each message belongs to a phase (`PHASES`): `distributor` (keys,
 bag lengths, per-id weights), `forward` (rb partials, ub vectors), `backward` (their
-gradients), `dp_exchange` (dp sparse all-gather), `ring` (dp dense all-reduce) and
-`dense` (the dense model's all-reduce, cluster `dense`). One detail the page leaves open:
-in hierarchical rb the rail peer of node n sends, per (sample, feature), one summed
-vector covering the union of the column ranges of the table's cells on node n.
+gradients), `dp_exchange` (dp sparse rail all-gather), `ring` (dp dense hierarchical
+all-reduce) and `dense` (the dense model's hierarchical all-reduce, cluster `dense`).
+One detail the page leaves open: in hierarchical rb the rail peer of node n sends, per
+(sample, feature), one summed vector covering the union of the column ranges of the
+table's cells on node n.
 
 HBM bytes of a rank (the `lookup` component) follow the physical model of the planner's
 cost model (embarkc/planner/cost.py: forward lookups with key reads, pooled outputs,
@@ -50,8 +51,9 @@ number of rb/ub clusters (one all-to-all each), `hier` the hierarchical ones and
     nvlink       t_intra of the forward phase + t_intra of the backward phase
     network      t_inter of the forward phase + t_inter of the backward phase
                  + (2 * a2a + 2 * hier) * call on the network (on nvlink with one node)
-    dp_exchange  ring time (the slowest hop of the dense ring, the same for every rank)
-                 + t_intra + t_inter of the sparse all-gather + call if any dp table
+    dp_exchange  ring time (the dense all-reduce on the slowest rank's links, the same
+                 for every rank) + t_intra + t_inter of the sparse all-gather
+                 + call if any dp table
 
 (no latencies on a single rank). A rank's time is the sum of its components; the step
 time is the largest rank's time (collectives wait for the slowest rank). The dense
@@ -77,8 +79,8 @@ COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
 """Components of a rank's step time, as in the plan's estimate."""
 PHASES = ("distributor", "forward", "backward", "dp_exchange", "ring", "dense")
 """Communication phases of a step, each timed on its own: the key all-to-all, the forward
-results, the backward gradients, the dp sparse all-gather, the dp dense ring all-reduce
-and the dense model's ring all-reduce."""
+results, the backward gradients, the dp sparse rail all-gather, the dp dense hierarchical
+all-reduce and the dense model's hierarchical all-reduce."""
 LINKS = ("intra", "inter")
 DENSE_CLUSTER = "dense"
 
@@ -333,6 +335,59 @@ def dense_parameters(plan: Plan) -> int:
     return params
 
 
+def _chunks(elements, parts: int, index):
+    """Size of chunk `index` of numpy's array_split of `elements` into `parts`."""
+    q, r = np.divmod(elements, parts)
+    return q + (index < r)
+
+
+def hierarchical_allreduce_flows(
+    elements: int, world: int, g: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, bytes) of the hierarchical all-reduce of `elements` fp32 values on
+    `world` ranks of `g` per node (docs/communication.md, dp `dense` and the dense model):
+    chunk i (of G, array_split) of every rank to local index i of its node; the ring of
+    chunk i over the nodes on rail i (every part but (n+1) % N, then every part but
+    (n+2) % N, to the successor node); reduced chunk i to the other ranks of the node."""
+    ranks = np.arange(world, dtype=np.int64)
+    nodes = world // g
+    node, local = ranks // g, ranks % g
+    peers = np.arange(g, dtype=np.int64)
+    src = [np.repeat(ranks, g)] * 2
+    dst = [np.repeat(node * g, g) + np.tile(peers, world)] * 2
+    vec = C.WIRE_ELEMENT_BYTES
+    nbytes = [
+        vec * _chunks(elements, g, np.tile(peers, world)),  # 1. reduce-scatter in the node
+        vec * _chunks(elements, g, np.repeat(local, g)),  # 3. all-gather in the node
+    ]
+    if nodes > 1:  # 2. ring all-reduce across nodes on each rail
+        mine = _chunks(elements, g, local)
+        skip = _chunks(mine, nodes, (node + 1) % nodes) + _chunks(mine, nodes, (node + 2) % nodes)
+        src.append(ranks)
+        dst.append(((node + 1) % nodes) * g + local)
+        nbytes.append(vec * (2 * mine - skip))
+    return np.concatenate(src), np.concatenate(dst), np.concatenate(nbytes)
+
+
+def rail_allgather_flows(message: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, bytes) of the rail all-gather of `message[a]` bytes from every rank a
+    (docs/communication.md, dp `sparse`): to the rail peers on the other nodes, then
+    everything the rank holds (its rail's messages) to the other ranks of its node."""
+    message = np.asarray(message, dtype=np.int64)
+    world = len(message)
+    ranks = np.arange(world, dtype=np.int64)
+    nodes = world // g
+    node, local = ranks // g, ranks % g
+    rail_total = np.bincount(local, weights=message, minlength=g).astype(np.int64)
+    across = np.repeat(ranks, nodes), np.tile(np.arange(nodes) * g, world) + np.repeat(local, nodes)
+    inside = np.repeat(ranks, g), np.repeat(node * g, g) + np.tile(np.arange(g), world)
+    return (
+        np.concatenate([across[0], inside[0]]),
+        np.concatenate([across[1], inside[1]]),
+        np.concatenate([message[across[0]], rail_total[local[inside[0]]]]),
+    )
+
+
 def ring_allreduce_bytes(size_bytes: int, world: int) -> int:
     """Bytes each rank sends to its successor in a ring all-reduce of `size_bytes`."""
     return 0 if world <= 1 else 2 * (world - 1) * size_bytes // world
@@ -383,16 +438,9 @@ class _StepCounter:
     def finish(self, acc: _Acc) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
         """Add the dense model's all-reduce; the step's flows and per-rank counts."""
         w_ = self.world
-        ranks = np.arange(w_, dtype=np.int64)
         params = dense_parameters(self.plan)
         if params and w_ > 1:
-            acc.flows.add(
-                DENSE_CLUSTER,
-                "dense",
-                ranks,
-                (ranks + 1) % w_,
-                ring_allreduce_bytes(params * 4, w_),
-            )
+            acc.flows.add(DENSE_CLUSTER, "dense", *hierarchical_allreduce_flows(params, w_, self.g))
         return acc.flows, acc.ids, acc.distinct, acc.hbm
 
     def count_table(self, acc: _Acc, t: PlanTable, source: _Source) -> None:
@@ -434,11 +482,7 @@ class _StepCounter:
                 hbm += local + 2 * size + t.rows * (touched + vec)
                 if w_ > 1:
                     flows.add(
-                        cluster.name,
-                        "ring",
-                        ranks,
-                        (ranks + 1) % w_,
-                        ring_allreduce_bytes(size, w_),
+                        cluster.name, "ring", *hierarchical_allreduce_flows(t.rows * t.dim, w_, g)
                     )
             else:
                 assert stats.per_rank_uniq is not None
@@ -446,9 +490,7 @@ class _StepCounter:
                 msg = stats.per_rank_uniq * (key + vec)
                 distinct += d_rows
                 hbm += local + msg.sum() + d_rows * touched + local_n * 2 * key
-                src = np.repeat(ranks, w_)
-                dst = np.tile(ranks, w_)
-                flows.add(cluster.name, "dp_exchange", src, dst, msg[src])
+                flows.add(cluster.name, "dp_exchange", *rail_allgather_flows(msg, g))
             return
         owners = {j: sorted({s.rank for s in cells if s.row_shard == j}) for j in range(r)}
         # distributor: once per distinct owner rank of a row shard
@@ -541,9 +583,10 @@ def _union_width(ranges: list[tuple[int, int]]) -> int:
 
 
 def ring_seconds(plan: Plan, sent: dict[str, np.ndarray]) -> float:
-    """Time of ring all-reduces whose per-rank bytes sent are `sent` {"intra", "inter"}.
+    """Time of all-reduces whose per-rank bytes sent are `sent` {"intra", "inter"}.
 
-    A ring moves in lock step, so every rank waits for the slowest hop.
+    The phases of the hierarchical all-reduce move in lock step, so every rank waits for
+    the rank whose links are busiest (its NVLink time plus its NIC time).
     """
     topo = plan.topology
     intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY

@@ -13,6 +13,8 @@ from embarkc.planner import constants as C
 from embarkc.simulate import (
     count_bytes,
     dense_parameters,
+    hierarchical_allreduce_flows,
+    rail_allgather_flows,
     ring_seconds,
     simulate,
     simulate_many,
@@ -127,14 +129,29 @@ def brute_force(plan: Plan, batches) -> dict[str, dict[str, int]]:
             t = plan.table(name)
             feats = [f for f in plan.features if f.table == name]
             if c.kind == "dp":
+                nodes = world // g
                 for a in range(world):
+                    n, i = divmod(a, g)
+                    rail = [m * g + i for m in range(nodes)]
                     if c.gradient_exchange == "sparse":
-                        u = len({k for f in feats for k in ids_of(a, f.name)})
-                        for o in range(world):
-                            send(c.name, a, o, u * (8 + 4 * t.dim))
+                        msg = [
+                            len({k for f in feats for k in ids_of(r, f.name)}) * (8 + 4 * t.dim)
+                            for r in range(world)
+                        ]
+                        for p in rail:  # across nodes, then everything held inside the node
+                            send(c.name, a, p, msg[a])
+                        for q in range(n * g, (n + 1) * g):
+                            send(c.name, a, q, sum(msg[p] for p in rail))
                     else:
-                        s = t.rows * t.dim * 4
-                        send(c.name, a, (a + 1) % world, 2 * (world - 1) * s // world)
+                        chunk = [len(x) for x in np.array_split(np.arange(t.rows * t.dim), g)]
+                        part = [len(x) for x in np.array_split(np.arange(chunk[i]), nodes)]
+                        for q in range(g):  # reduce-scatter, then all-gather in the node
+                            send(c.name, a, n * g + q, 4 * chunk[q])
+                            send(c.name, a, n * g + q, 4 * chunk[i])
+                        if nodes > 1:  # ring of chunk i over the nodes on rail i
+                            succ = rail[(n + 1) % nodes]
+                            send(c.name, a, succ, 4 * (chunk[i] - part[(n + 1) % nodes]))
+                            send(c.name, a, succ, 4 * (chunk[i] - part[(n + 2) % nodes]))
                 continue
             cells = plan.shards_of(name)
             r = cells[0].row_shards
@@ -269,7 +286,10 @@ def test_dense_ring_waits_for_the_slowest_hop() -> None:
     sent = {"intra": np.array([8e9, 0.0, 8e9, 0.0]), "inter": np.array([0.0, 8e9, 0.0, 8e9])}
     assert ring_seconds(plan, sent) == pytest.approx(8e9 / (2.5e10 * C.NETWORK_EFFICIENCY))
     res = simulate(plan, batches=1)
-    ring = 2 * 3 * (10 * 4 * 4) // 4 / (2.5e10 * C.NETWORK_EFFICIENCY)
+    # hierarchical all-reduce of the 10 x 4 dp table on 2 nodes of 2: chunks of 20 values,
+    # 2 * 20 * 4 bytes over NVLink and 20 * 4 over the NIC per rank
+    ring = 160 / (3e11 * C.NVLINK_EFFICIENCY) + 80 / (2.5e10 * C.NETWORK_EFFICIENCY)
+    assert [rc.sent["ring"] for rc in res.per_rank] == [{"intra": 160, "inter": 80}] * 4
     sparse = [
         max(rc.sent["dp_exchange"]["intra"], rc.received["dp_exchange"]["intra"]) / (3e11 * 0.75)
         for rc in res.per_rank
@@ -317,3 +337,63 @@ def test_simulate_many_equals_one_plan_at_a_time() -> None:
     assert many[0].clusters["rb_flat"]["inter"] > 0 == many[1].clusters["rb_flat"]["inter"]
     with pytest.raises(ValueError, match="same tables, features and batch"):
         simulate_many([make_plan(), make_plan(batch=32)])
+
+
+def literal_allreduce(elements: int, world: int, g: int) -> dict[tuple[int, int], int]:
+    """docs/communication.md's hierarchical all-reduce, message by message."""
+    nodes = world // g
+    out: dict[tuple[int, int], int] = {}
+
+    def send(a: int, o: int, n: int) -> None:
+        if a != o and n:
+            out[(a, o)] = out.get((a, o), 0) + n
+
+    chunk = [len(x) for x in np.array_split(np.arange(elements), g)]
+    for a in range(world):
+        n, i = divmod(a, g)
+        part = [len(x) for x in np.array_split(np.arange(chunk[i]), nodes)]
+        for q in range(g):
+            send(a, n * g + q, 4 * chunk[q] + 4 * chunk[i])
+        if nodes > 1:
+            rs = sum(part) - part[(n + 1) % nodes]
+            ag = sum(part) - part[(n + 2) % nodes]
+            send(a, ((n + 1) % nodes) * g + i, 4 * (rs + ag))
+    return out
+
+
+def _pairs(flows) -> dict[tuple[int, int], int]:
+    out: dict[tuple[int, int], int] = {}
+    for a, o, n in zip(*flows, strict=True):
+        if a != o and n:
+            out[(int(a), int(o))] = out.get((int(a), int(o)), 0) + int(n)
+    return out
+
+
+@pytest.mark.parametrize(("world", "g"), [(4, 1), (3, 1), (6, 2), (8, 2), (12, 4), (4, 4)])
+@pytest.mark.parametrize("elements", [0, 1, 7, 1001])
+def test_hierarchical_allreduce_and_rail_allgather_flows_follow_the_doc(world, g, elements):
+    assert _pairs(hierarchical_allreduce_flows(elements, world, g)) == literal_allreduce(
+        elements, world, g
+    )
+    msg = np.arange(world, dtype=np.int64) * 24 + elements
+    want: dict[tuple[int, int], int] = {}
+    for a in range(world):
+        rail = [m * g + a % g for m in range(world // g)]
+        for o in rail:
+            want[(a, o)] = want.get((a, o), 0) + int(msg[a])
+        for o in range(a // g * g, a // g * g + g):
+            want[(a, o)] = want.get((a, o), 0) + int(sum(msg[p] for p in rail))
+    want = {k: v for k, v in want.items() if k[0] != k[1] and v}
+    assert _pairs(rail_allgather_flows(msg, g)) == want
+
+
+def test_dense_model_bytes_are_its_hierarchical_allreduce() -> None:
+    plan = make_plan()
+    data = SyntheticData(plan, seed=1)
+    batches = [data.batch(0, a, plan.world_size) for a in range(plan.world_size)]
+    got = count_bytes(plan, batches, include_dense=True)["dense"]
+    g = plan.topology.gpus_per_node
+    want = {"intra": 0, "inter": 0}
+    for (a, o), n in literal_allreduce(dense_parameters(plan), plan.world_size, g).items():
+        want["intra" if a // g == o // g else "inter"] += n
+    assert got == want and want["inter"] > 0
