@@ -21,11 +21,12 @@ fp32 partial vectors back (flat: owner -> requester; hierarchical: owner -> the
 requester's rail peer on the owner's node, which sums the node's row shards and sends,
 across the network, one vector per (sample, feature) covering the union of the columns
 of the table's cells on its node); ub sends distinct keys and gets one vector per key
-back; dp sends nothing forward and all-reduces (dense) or all-gathers (sparse)
-gradients. Two uncounted extras: the position of every id of a concat feature in its bag
-(rb, needed to place it when a bag is split over row shards), and, for dense dp
-exchange, a touched-row mask (4 bytes per row) so that exactly the rows present in the
-global batch are updated, as in the reference.
+back; dp sends nothing forward and exchanges gradients by the hierarchical all-reduce
+(dense) or the rail all-gather (sparse) of `embark_runtime.comm`. Two uncounted
+extras: the position of every id of a concat feature in its bag (rb, needed to place it
+when a bag is split over row shards), and, for dense dp exchange, a touched-row mask
+(4 bytes per row) so that exactly the rows present in the global batch are updated, as
+in the reference.
 """
 
 from __future__ import annotations
@@ -225,17 +226,34 @@ class DpCluster(Cluster):
             for t in self.tables:
                 mask[base + touched[t.name][0]] = 1
                 base += t.rows
-            sizes = [t.rows * t.dim * 4 for t in self.tables]
-            p1 = self.comm.all_reduce(
-                buf, traffic=traffic, cluster=self.name, counted_bytes=sizes, async_op=True
+            # one hierarchical all-reduce, every table cut into its own chunks (the doc
+            # counts one all-reduce per table)
+            p1 = self.comm.hierarchical_all_reduce(
+                buf,
+                traffic=traffic,
+                cluster=self.name,
+                segments=[t.rows * t.dim for t in self.tables],
+                async_op=True,
             )
             p2 = self.comm.all_reduce(mask, async_op=True)
             return ("dense", p1, p2)
         keys = _cat([touched[t.name][0] for t in self.tables], I64, self.device)
         vals = _cat([touched[t.name][1] for t in self.tables], F32, self.device)
         counts = self.comm.all_gather_ints([touched[t.name][0].numel() for t in self.tables])
-        p1 = self.comm.all_gather_varlen(keys, traffic=traffic, cluster=self.name, async_op=True)
-        p2 = self.comm.all_gather_varlen(vals, traffic=traffic, cluster=self.name, async_op=True)
+        p1 = self.comm.rail_all_gather(
+            keys,
+            lengths=[sum(c) for c in counts],
+            traffic=traffic,
+            cluster=self.name,
+            async_op=True,
+        )
+        p2 = self.comm.rail_all_gather(
+            vals,
+            lengths=[sum(n * t.dim for n, t in zip(c, self.tables, strict=True)) for c in counts],
+            traffic=traffic,
+            cluster=self.name,
+            async_op=True,
+        )
         return ("sparse", p1, p2, counts)
 
     def _dense(self, t, rows: Tensor, grads: Tensor) -> Tensor:

@@ -11,8 +11,15 @@ Counting (docs/communication.md): a byte is counted once, at the sender, per mes
 another rank, intra-node when both ranks share a node. `all_to_all` counts the payload it
 actually sends (callers put exactly the documented items on the wire: int64 keys, int32
 bag lengths, fp32 weights and vectors); exchanges of sizes and other bookkeeping pass
-`traffic=None` and are not counted. `all_reduce` counts the documented ring (every rank
-sends 2 (W-1)/W S bytes to its successor), whatever algorithm the backend uses.
+`traffic=None` and are not counted. The documented exchanges of gradients are
+`hierarchical_all_reduce` (dense dp tables and the dense model: reduce-scatter in the
+node, ring all-reduce of each chunk on its rail, all-gather in the node) and
+`rail_all_gather` (sparse dp tables: across nodes on the rail, then in the node); both
+count exactly the bytes docs/communication.md assigns to each message. The in-node
+phases are all-to-alls, counted as sent; the rail all-reduce runs the backend's own
+algorithm and is counted as the doc's ring. `all_reduce` (a flat all-reduce over the
+world) is for uncounted bookkeeping; when asked to count, it counts a flat ring (every
+rank sends 2 (W-1)/W S bytes to its successor).
 
 Every collective can run asynchronously (`async_op=True` returns a `Pending`); on gloo
 and NCCL the work of one group is matched across ranks by issue order, so callers issue
@@ -265,6 +272,157 @@ class Comm:
         pending = Pending([work], lambda: [b[:n] for b, n in zip(bufs, counts, strict=True)])
         return pending if async_op else pending.wait()
 
+    def hierarchical_all_reduce(
+        self,
+        tensor: Tensor,
+        *,
+        traffic: Traffic | None = None,
+        cluster: str = "",
+        segments: Sequence[int] | None = None,
+        async_op: bool = False,
+    ) -> Pending | Tensor:
+        """Sum the contiguous `tensor` in place over the world by the hierarchical
+        all-reduce of docs/communication.md (dp `dense`, and the dense model).
+
+        `segments`: the element counts of the logical all-reduces packed one after the
+        other in `tensor` (one per dp table; default: the whole tensor is one). Each
+        segment of E elements is cut into G chunks (numpy's array_split) and each chunk
+        into N parts, as the doc says; the rank with local index i gathers chunk i of every
+        segment. Phases: (1) reduce-scatter in the node, an all-to-all of chunks summed in
+        local-index order; (2) all-reduce of the rank's chunks with its rail peers (the
+        backend's algorithm, counted as the doc's ring over the nodes); (3) all-gather in
+        the node, an all-to-all sending the reduced chunks to every other rank of the node.
+        Every rank ends with the same values. With `async_op`, phase 1 is issued now and
+        phases 2 and 3 run in `wait()`: every rank must call `wait()` at the same point
+        of its sequence of collectives.
+        """
+        if not tensor.is_contiguous():
+            raise CommError("hierarchical_all_reduce needs a contiguous tensor (it works in place)")
+        flat = tensor.view(-1)
+        segs = [flat.numel()] if segments is None else [int(n) for n in segments]
+        if sum(segs) != flat.numel() or any(n < 0 for n in segs):
+            raise CommError(
+                f"segments {segs} do not add up to the tensor's {flat.numel()} elements"
+            )
+        if self.world == 1:
+            return Pending([], lambda: tensor) if async_op else tensor
+        g = self.gpus_per_node
+        if self.world % g:
+            raise CommError(
+                f"a hierarchical all-reduce needs whole nodes: {self.world} ranks, {g} per node"
+            )
+        nodes, me_i, me_n = self.world // g, self.local_of(self.rank), self.node_of(self.rank)
+        starts = [sum(segs[:s]) for s in range(len(segs))]
+        cuts = [chunk_bounds(n, g) for n in segs]
+        # chunk i of the packed tensor: chunk i of every segment, segment after segment
+        send = [
+            _cat1(
+                [flat[st + c[i] : st + c[i + 1]] for st, c in zip(starts, cuts, strict=True)],
+                flat,
+            )
+            for i in range(g)
+        ]
+        sizes = [sum(c[i + 1] - c[i] for c in cuts) for i in range(g)]
+        phase1 = self.all_to_all(
+            send, [sizes[me_i]] * g, scope="node", traffic=traffic, cluster=cluster, async_op=True
+        )
+        assert isinstance(phase1, Pending)
+
+        def finish() -> Tensor:
+            got = phase1.wait()
+            reduced = got[0].clone()
+            for part in got[1:]:
+                reduced += part
+            if nodes > 1:
+                if traffic is not None:
+                    size = flat.element_size()
+                    for c in cuts:
+                        e = c[me_i + 1] - c[me_i]
+                        parts = chunk_bounds(e, nodes)
+                        kept = [parts[p + 1] - parts[p] for p in range(nodes)]
+                        # the ring's reduce-scatter half sends every part but (n+1) % N,
+                        # its all-gather half every part but (n+2) % N (N = 2: E_i in all)
+                        skip = kept[(me_n + 1) % nodes] + kept[(me_n + 2) % nodes]
+                        traffic.add(cluster, False, size * (2 * e - skip))
+                if self.distributed and reduced.numel():
+                    dist.all_reduce(reduced, group=self.rail_group)
+            gathered = self.all_to_all(
+                [reduced] * g, sizes, scope="node", traffic=traffic, cluster=cluster
+            )
+            assert isinstance(gathered, list)
+            for i, piece in enumerate(gathered):
+                pos = 0
+                for st, c in zip(starts, cuts, strict=True):
+                    n = c[i + 1] - c[i]
+                    flat[st + c[i] : st + c[i + 1]] = piece[pos : pos + n]
+                    pos += n
+            return tensor
+
+        pending = Pending([], finish)
+        return pending if async_op else pending.wait()
+
+    def rail_all_gather(
+        self,
+        tensor: Tensor,
+        *,
+        lengths: Sequence[int] | None = None,
+        traffic: Traffic | None = None,
+        cluster: str = "",
+        async_op: bool = False,
+    ) -> Pending | list[Tensor]:
+        """Every rank's 1-D `tensor`, in rank order, by the rail all-gather of
+        docs/communication.md (dp `sparse`): (1) the rank sends its tensor to each of its
+        rail peers; (2) it sends the rail's tensors it then holds to every other rank of
+        its node. `lengths`: every rank's element count when the caller knows them
+        (otherwise exchanged here as uncounted bookkeeping). With `async_op`, phase 1 is
+        issued now and phase 2 runs in `wait()` (same point on every rank)."""
+        flat = tensor.reshape(-1)
+        if self.world == 1:
+            out = [flat.clone()]
+            return Pending([], lambda: out) if async_op else out
+        if lengths is None:
+            counts = [v[0] for v in self.all_gather_ints([flat.numel()])]
+        else:
+            counts = [int(n) for n in lengths]
+        if len(counts) != self.world or counts[self.rank] != flat.numel():
+            raise CommError(
+                f"rail_all_gather: lengths {counts} do not match {self.world} ranks with "
+                f"{flat.numel()} elements on rank {self.rank}"
+            )
+        rail = self.peers("rail")
+        node = self.peers("node")
+        phase1 = self.all_to_all(
+            [flat] * len(rail),
+            [counts[p] for p in rail],
+            scope="rail",
+            traffic=traffic,
+            cluster=cluster,
+            async_op=True,
+        )
+        assert isinstance(phase1, Pending)
+
+        def finish() -> list[Tensor]:
+            held = _cat1(phase1.wait(), flat)
+            sources = {q: self.rail_ranks(self.local_of(q)) for q in node}
+            got = self.all_to_all(
+                [held] * len(node),
+                [sum(counts[r] for r in sources[q]) for q in node],
+                scope="node",
+                traffic=traffic,
+                cluster=cluster,
+            )
+            assert isinstance(got, list)
+            out: list[Tensor] = [flat] * self.world
+            for q, buf in zip(node, got, strict=True):
+                pos = 0
+                for r in sources[q]:
+                    out[r] = buf[pos : pos + counts[r]]
+                    pos += counts[r]
+            return out
+
+        pending = Pending([], finish)
+        return pending if async_op else pending.wait()
+
     def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
         """Bookkeeping (not counted): every rank's list of ints (same length everywhere)."""
         t = torch.tensor(list(values), dtype=torch.int64, device=self.device)
@@ -277,6 +435,19 @@ class Comm:
     def barrier(self) -> None:
         if self.distributed and self.world > 1:
             dist.barrier(group=self.group)
+
+
+def chunk_bounds(elements: int, parts: int) -> list[int]:
+    """Boundaries of numpy's array_split of `elements` into `parts` consecutive chunks
+    (the first `elements % parts` chunks one longer): chunk i is [b[i], b[i+1])."""
+    q, r = divmod(elements, parts)
+    return [i * q + min(i, r) for i in range(parts + 1)]
+
+
+def _cat1(parts: Sequence[Tensor], like: Tensor) -> Tensor:
+    if not parts:
+        return like.new_empty(0)
+    return torch.cat([p.reshape(-1) for p in parts])
 
 
 def ring_bytes(size: int, world: int) -> int:

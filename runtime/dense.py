@@ -154,8 +154,10 @@ def allreduce_gradients(
     """SUM-all-reduce the gradients of `params` in one flat buffer; returns its bytes.
 
     `reduce(flat)` sums the buffer in place over the ranks (the trainer passes its Comm's
-    all_reduce, which also counts the traffic); by default torch.distributed.all_reduce on
-    the default group, or nothing when torch.distributed is not initialised. A parameter
+    `hierarchical_all_reduce`, docs/communication.md's exchange of the dense model, which
+    also counts the traffic under cluster `dense`); by default a plain
+    torch.distributed.all_reduce on the default group (uncounted), or nothing when
+    torch.distributed is not initialised. A parameter
     without a gradient contributes zeros, so every rank reduces the same buffer layout.
     """
     import torch.distributed as dist

@@ -601,11 +601,8 @@ class _Sharded:
         dense_traffic = Traffic()
         allreduce_gradients(
             self.model.parameters(),
-            lambda flat: self.comm.all_reduce(
-                flat,
-                traffic=dense_traffic,
-                cluster="dense",
-                counted_bytes=[flat.numel() * flat.element_size()],
+            lambda flat: self.comm.hierarchical_all_reduce(
+                flat, traffic=dense_traffic, cluster="dense"
             ),
         )
         self.optimizer.step()

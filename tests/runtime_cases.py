@@ -266,7 +266,10 @@ def worker(rank: int, world: int, cases: list[Case]) -> list[dict]:
 
     torch.manual_seed(0)
     comms = {}
-    for key in sorted({(c.world, c.gpus_per_node) for c in cases}):
+    layouts = {(c.world, c.gpus_per_node) for c in cases}
+    if world == 4:
+        layouts |= set(PROBE_LAYOUTS)
+    for key in sorted(layouts):
         comms[key] = Comm.create(key[1], ranks=list(range(key[0])))
     results = []
     for case in cases:
@@ -278,7 +281,48 @@ def worker(rank: int, world: int, cases: list[Case]) -> list[dict]:
     if (4, 2) in comms:
         results.append(bad_batch_probe(comms[(4, 2)]))
         results.append(init_probe())
+    if world == 4:
+        results.append(collectives_probe(comms))
     return results
+
+
+PROBE_LAYOUTS = ((4, 1), (4, 2), (4, 4), (2, 1), (2, 2))
+PROBE_SEGMENTS = ([7], [13, 0, 5, 1, 2], [1])
+
+
+def probe_values(rank: int, elements: int, salt: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 * salt + rank)
+    return torch.randn(elements, generator=gen)
+
+
+def collectives_probe(comms: dict) -> dict:
+    """The hierarchical all-reduce and the rail all-gather on every layout of
+    PROBE_LAYOUTS: each rank's result and its bytes per link."""
+    import torch
+
+    from embark_runtime.comm import Traffic
+
+    got: dict = {}
+    for world, g in PROBE_LAYOUTS:
+        comm = comms[(world, g)]  # created by every process in `worker` (collective)
+        if comm is None:
+            continue
+        for k, segs in enumerate(PROBE_SEGMENTS):
+            t = Traffic()
+            x = probe_values(comm.rank, sum(segs), k)
+            pending = comm.hierarchical_all_reduce(
+                x, traffic=t, cluster="c", segments=segs, async_op=k % 2 == 0
+            )
+            if k % 2 == 0:
+                pending.wait()
+            got[("allreduce", world, g, k)] = (x.tolist(), t.as_dict())
+        t = Traffic()
+        mine = torch.arange(comm.rank + 2, dtype=torch.int64) * 10 + comm.rank
+        out = comm.rail_all_gather(mine, traffic=t, cluster="c")
+        got[("allgather", world, g)] = ([o.tolist() for o in out], t.as_dict())
+    return {"name": "collectives", "got": got}
 
 
 def init_probe() -> dict:
@@ -341,17 +385,17 @@ def doc_bytes(plan, gb, world: int) -> list[dict[str, dict[str, int]]]:
             f_units = sum(f.bag_max if f.pooling == "concat" else 1 for f in feats)
             if c.kind == "dp":
                 if (c.gradient_exchange or "dense") == "dense":
-                    s = t.rows * t.dim * 4
-                    for a in range(world):
-                        add(a, (a + 1) % world, c.name, 2 * (world - 1) * s // world)
+                    for a, dst, n in hierarchical_allreduce_messages(t.rows * t.dim, world, g):
+                        add(a, dst, c.name, n)
                 else:
+                    msg = []
                     for a in range(world):
                         ids = np.concatenate(
                             [slice_ids(gb[f.name], a * b, (a + 1) * b) for f in feats]
                         )
-                        u = len(np.unique(ids))
-                        for o in range(world):
-                            add(a, o, c.name, u * (8 + 4 * t.dim))
+                        msg.append(len(np.unique(ids)) * (8 + 4 * t.dim))
+                    for a, dst, n in rail_allgather_messages(msg, g):
+                        add(a, dst, c.name, n)
                 continue
             cells = plan.shards_of(tname)
             r_shards = cells[0].row_shards
@@ -405,6 +449,41 @@ def doc_bytes(plan, gb, world: int) -> list[dict[str, dict[str, int]]]:
                         covered = {k for s in cells if node[s.rank] == n for k in range(*s.columns)}
                         add(p, a, c.name, b * f_units * 4 * len(covered))
                         add(a, p, c.name, b * f_units * 4 * len(covered))
+    return out
+
+
+def hierarchical_allreduce_messages(elements: int, world: int, g: int):
+    """(src, dst, bytes) of docs/communication.md's hierarchical all-reduce of `elements`
+    fp32 values on `world` ranks, `g` per node, read literally."""
+    nodes = world // g
+    chunks = [len(c) for c in np.array_split(np.arange(elements), g)]
+    out = []
+    for a in range(world):
+        n, i = divmod(a, g)
+        for j in range(g):  # 1. reduce-scatter in the node
+            out.append((a, n * g + j, 4 * chunks[j]))
+        if nodes > 1:  # 2. ring over the nodes on rail i
+            parts = [len(p) for p in np.array_split(np.arange(chunks[i]), nodes)]
+            succ = ((n + 1) % nodes) * g + i
+            rs = sum(parts[p] for p in range(nodes) if p != (n + 1) % nodes)
+            ag = sum(parts[p] for p in range(nodes) if p != (n + 2) % nodes)
+            out.append((a, succ, 4 * (rs + ag)))
+        for j in range(g):  # 3. all-gather in the node
+            out.append((a, n * g + j, 4 * chunks[i]))
+    return out
+
+
+def rail_allgather_messages(msg: list[int], g: int):
+    """(src, dst, bytes) of the doc's rail all-gather of message msg[a] from every rank a."""
+    world = len(msg)
+    out = []
+    for a in range(world):
+        n, i = divmod(a, g)
+        rail = [m * g + i for m in range(world // g)]
+        for p in rail:  # 1. across nodes
+            out.append((a, p, msg[a]))
+        for j in range(g):  # 2. in the node, everything the rank holds
+            out.append((a, n * g + j, sum(msg[p] for p in rail)))
     return out
 
 

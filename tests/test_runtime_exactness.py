@@ -14,10 +14,15 @@ from types import SimpleNamespace
 import pytest
 from mp_harness import spawn
 from runtime_cases import (
+    PROBE_LAYOUTS,
+    PROBE_SEGMENTS,
     doc_bytes,
     grid_cases,
+    hierarchical_allreduce_messages,
     local_batches,
     overlap_cases,
+    probe_values,
+    rail_allgather_messages,
     random_cases,
     uneven_cases,
     worker,
@@ -132,3 +137,46 @@ def test_init_distributed_builds_nodes_and_rails_and_refuses_another_world(resul
 def test_uneven_column_cuts_match_reference_and_doc(results, case):
     _check_exact(case, results[case.name])
     _check_bytes(case, results[case.name])
+
+
+def _per_rank(messages, world: int, g: int) -> list[dict[str, int]]:
+    out = [{"intra": 0, "inter": 0} for _ in range(world)]
+    for src, dst, n in messages:
+        if src != dst and n:
+            out[src]["intra" if src // g == dst // g else "inter"] += n
+    return out
+
+
+@pytest.mark.parametrize(("world", "g"), PROBE_LAYOUTS)
+def test_hierarchical_all_reduce_sums_and_counts_the_doc_bytes(results, world, g):
+    """Every rank ends with the sum of all ranks' values (uneven chunks, empty segments,
+    async and not) and sends exactly the doc's bytes, segment by segment."""
+    import torch
+
+    runs = [r["got"] for r in results["collectives"]][:world]
+    for k, segs in enumerate(PROBE_SEGMENTS):
+        want = sum(probe_values(r, sum(segs), k) for r in range(world))
+        doc = [{"intra": 0, "inter": 0} for _ in range(world)]
+        for e in segs:
+            for r, v in enumerate(
+                _per_rank(hierarchical_allreduce_messages(e, world, g), world, g)
+            ):
+                doc[r]["intra"] += v["intra"]
+                doc[r]["inter"] += v["inter"]
+        for rank, run in enumerate(runs):
+            values, moved = run[("allreduce", world, g, k)]
+            assert torch.allclose(torch.tensor(values), want, atol=1e-6), (world, g, k, rank)
+            assert values == runs[0][("allreduce", world, g, k)][0]  # identical on every rank
+            mine = moved.get("c", {"intra": 0, "inter": 0})
+            assert mine == doc[rank], (world, g, k, rank)
+
+
+@pytest.mark.parametrize(("world", "g"), PROBE_LAYOUTS)
+def test_rail_all_gather_delivers_every_message_and_counts_the_doc_bytes(results, world, g):
+    runs = [r["got"] for r in results["collectives"]][:world]
+    want = [[10 * i + r for i in range(r + 2)] for r in range(world)]
+    doc = _per_rank(rail_allgather_messages([8 * (r + 2) for r in range(world)], g), world, g)
+    for rank, run in enumerate(runs):
+        values, moved = run[("allgather", world, g)]
+        assert values == want
+        assert moved.get("c", {"intra": 0, "inter": 0}) == doc[rank]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from mp_harness import Bag, FeatureSpec, TableSpec, make_plan, random_global_batch
 
-from embark_runtime.comm import Comm, Traffic, ring_bytes
+from embark_runtime.comm import Comm, CommError, Traffic, chunk_bounds, ring_bytes
 from embark_runtime.distributor import (
     BatchError,
     FeatureInput,
@@ -368,6 +368,21 @@ def test_ring_bytes_and_traffic_accounting():
     assert t.as_dict() == {"c": {"intra": 5, "inter": 7}}
     assert math.isclose(Comm(1, 4, 2, torch.device("cpu")).node_of(3), 1)
     assert Comm(1, 4, 2, torch.device("cpu")).peers("rail") == [1, 3]
+
+
+def test_hierarchical_all_reduce_and_rail_all_gather_on_one_rank_and_misuse():
+    comm = Comm.local(gpus_per_node=2)
+    t = Traffic()
+    x = torch.arange(6.0)
+    assert comm.hierarchical_all_reduce(x, traffic=t, cluster="c", segments=[4, 2]) is x
+    assert torch.equal(x, torch.arange(6.0)) and t.as_dict() == {}
+    got = comm.rail_all_gather(torch.arange(3), traffic=t, cluster="c")
+    assert [g.tolist() for g in got] == [[0, 1, 2]] and t.as_dict() == {}
+    with pytest.raises(CommError, match="do not add up"):
+        comm.hierarchical_all_reduce(x, segments=[4, 1])
+    with pytest.raises(CommError, match="contiguous"):
+        comm.hierarchical_all_reduce(torch.zeros(3, 4).t())
+    assert chunk_bounds(7, 3) == [0, 3, 5, 7] and chunk_bounds(2, 4) == [0, 1, 2, 2, 2]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
