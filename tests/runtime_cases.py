@@ -312,8 +312,13 @@ def collectives_probe(comms: dict) -> dict:
         for k, segs in enumerate(PROBE_SEGMENTS):
             t = Traffic()
             x = probe_values(comm.rank, sum(segs), k)
+            # one segment: also the default (the trainer's dense model reduce)
             pending = comm.hierarchical_all_reduce(
-                x, traffic=t, cluster="c", segments=segs, async_op=k % 2 == 0
+                x,
+                traffic=t,
+                cluster="c",
+                segments=segs if k == 1 else None,
+                async_op=k % 2 == 0,
             )
             if k % 2 == 0:
                 pending.wait()
