@@ -81,9 +81,18 @@ several changes together less than additive."""
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
 
-LNS_STEPS_PER_SECOND = 4
-"""Neighbourhoods allowed per second of time limit: bounds the Python work around the
-solver (re-costing every candidate) as deterministically as the solver's own limit."""
+LNS_STEPS_PER_SECOND = 1
+"""Neighbourhoods allowed per second of time limit. Building, solving and re-costing one
+neighbourhood of `LNS_STEP_DET` deterministic seconds took 0.5-1.2 s of CPU on the 2-core
+development machine (CP-SAT's deterministic time runs slower than the clock there), so
+one per second keeps the plan command within its limit, as deterministically as the
+solver's own limit."""
+
+LNS_STEP_DET = 0.25
+"""Deterministic seconds of solver work per neighbourhood."""
+
+WHOLE_STEP_DET = 1.0
+"""Deterministic seconds per solve when the program is solved whole."""
 
 TIME_SCALE = 1e9
 """Integer model time unit: nanoseconds."""
@@ -645,7 +654,7 @@ def refine(
     best_t, best_layout = float(ref.times.max()), dict(ref.layout)
     cur_norm = _norm(ref.times)
     max_steps = max(2, int(LNS_STEPS_PER_SECOND * time_limit))
-    per_step = time_limit / (4 if whole else max_steps)
+    per_step = min(time_limit / 4, WHOLE_STEP_DET) if whole else LNS_STEP_DET
     spent = 0.0
     steps = improved = stall = 0
     last: tuple[str, float, float] | None = None
