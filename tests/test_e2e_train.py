@@ -152,6 +152,11 @@ def sgd_spec(tmp_path_factory) -> Path:
         TINY.read_text(),
     )
     assert text.count("optimizer sgd { lr 0.5 }") == 7
+    # pin one table of each kind and hierarchical rb, so that the equality below covers
+    # every cluster path of the trainer (the cost model alone puts tiny in one flat rb)
+    pins = "  communication hierarchical\n  table country { cluster dp }\n  table item { cluster ub }\n"
+    assert text.count("  seed 0\n") == 1
+    text = text.replace("  seed 0\n", "  seed 0\n" + pins)
     spec = tmp_path_factory.mktemp("sgd_spec") / "tiny_sgd.embark"
     spec.write_text(text)
     return spec
@@ -177,6 +182,10 @@ def sgd_rowwise(sgd_spec, tmp_path_factory) -> Path:
 
 def test_sharded_training_equals_the_unsharded_reference(sgd_embark, tmp_path):
     out, work = sgd_embark
+    plan = json.loads((out / "plan.json").read_text())
+    kinds = {c["kind"]: c for c in plan["clusters"]}
+    assert set(kinds) == {"dp", "rb", "ub"}
+    assert kinds["rb"]["communication"] == "hierarchical"
     reference(
         out,
         "--steps",
