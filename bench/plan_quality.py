@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -159,11 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     command = "python bench/plan_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = "?"
     head = [
         "# Plan quality (bench/plan_quality.py)",
         "",
         f"Command: `{command.strip()}`  ",
-        f"Date: {started}  ",
+        f"Date: {started}, commit {commit or '?'}  ",
         f"Machine: {platform.machine()} {platform.system()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()} (shared with other jobs; timings are wall clock)",
         "",
