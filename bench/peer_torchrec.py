@@ -1,20 +1,29 @@
 """TorchRec peer benchmark: bench/runtime_cpu.py's workload under DistributedModelParallel.
 
-Two measurements, each skipped with a message when it cannot run:
+Three parts, each skipped with a message when it cannot run:
 
 * **train**: the workload of bench/runtime_cpu.py (shared/workloads/dcnv2.json, every
   table's rows divided by --rows-divisor, global batch --batch, adagrad, sum pooling) as a
-  TorchRec EmbeddingBagCollection sharded by DistributedModelParallel on --world gloo
-  processes (127.0.0.1), one run per TorchRec sharding type, every table of the run given
-  that type. The batches are embark_runtime.synthetic.SyntheticData's, bit for bit those
-  runtime_cpu.py feeds to embarkc's runtime, and the loss is the same fixed linear
+  TorchRec EmbeddingBagCollection sharded by DistributedModelParallel on 4 gloo
+  processes (127.0.0.1, --nodes x --gpus-per-node), one run per TorchRec sharding type,
+  every table of the run given that type. The batches are
+  embark_runtime.synthetic.SyntheticData's, bit for bit those runtime_cpu.py feeds to
+  embarkc's runtime, and the loss is the same fixed linear
   projection of the pooled embeddings (embeddings only, no dense MLP). The sparse
   optimizer is fused into the backward as in TorchRec's normal use (fbgemm's CPU kernels);
   a data-parallel table is a dense replica updated by a dense optimizer after DDP's
-  all-reduce. Steps/s: rank 0, after --warmup steps, `steps / elapsed` between two
-  barriers (runtime_cpu.py's measure) and the median over windows of --window steps.
+  all-reduce. TorchRec's gradient division (pooled gradients divided by the world size)
+  is turned off and DDP's average multiplied back, so that every type trains the model
+  embarkc's runtime trains: gradients summed over the global batch. Steps/s: rank 0,
+  after --warmup steps, `steps / elapsed` between two barriers (runtime_cpu.py's
+  measure) and the median over windows of --window steps.
   --with-embarkc runs runtime_cpu.py's three plans (embarkc, table-wise, row-wise) through
   embarkc's runtime in the same invocation, so both sides see the same machine load.
+* **check** (--check-steps K, instead of timing): every TorchRec cell starts from
+  embark_runtime.init's values, trains K steps, and is compared with
+  embark_runtime.reference.ReferenceEmbeddings trained on the same global batches and
+  loss (--check-optimizer swaps the optimizer, e.g. sgd, whose update is not invariant
+  to a gradient scale as adagrad's is).
 * **planner**: TorchRec's EmbeddingShardingPlanner on T510's 510 tables (specs/paper/
   t510.embark: 16 DGX H100 nodes = 128 GPUs, compute device "cuda"; planning needs no GPU)
   against embarkc's greedy planner (`embarkc plan specs/paper/t510.embark --solver
@@ -747,18 +756,40 @@ def embarkc_planner() -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 def _train_table(rows: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| system | sharding | plan | steps/s (overall) | steps/s (median window) |",
-        "| --- | --- | --- | ---: | ---: |",
+        "| system | sharding | plan | steps/s (overall) | steps/s (median window) | rounds |",
+        "| --- | --- | --- | ---: | ---: | --- |",
     ]
     for name, r in rows.items():
         system, sharding = name.split(":", 1)
         if "error" in r:
-            lines.append(f"| {system} | {sharding} | not run on cpu: {r['error']} | - | - |")
+            lines.append(f"| {system} | {sharding} | not run on cpu: {r['error']} | - | - | - |")
             continue
         med = r.get("median_window")
         med_s = f"{med:.2f}" if med is not None else "-"
-        lines.append(f"| {system} | {sharding} | {r['plan']} | {r['steps_per_s']:.2f} | {med_s} |")
+        each = ", ".join(f"{x:.2f}" for x in r.get("rounds", []))
+        lines.append(
+            f"| {system} | {sharding} | {r['plan']} | {r['steps_per_s']:.2f} | {med_s} | {each} |"
+        )
     return "\n".join(lines)
+
+
+def _run_embarkc(rc: Any, eplan: Any, steps: int, warmup: int) -> dict[str, Any]:
+    """One plan through embarkc's runtime with runtime_cpu.py's own harness."""
+    res = rc.run_plan(eplan, steps, warmup)
+    s = rc.summarise(eplan, res, warmup)
+    return {"steps_per_s": s["steps_per_s"], "plan": f"{s['clusters']}, {s['cells']} cells"}
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one job as one row: medians, and every round's steps/s."""
+    if any("error" in r for r in runs):
+        return next(r for r in runs if "error" in r)
+    out = dict(runs[0])
+    out["steps_per_s"] = statistics.median(r["steps_per_s"] for r in runs)
+    if "median_window" in out:
+        out["median_window"] = statistics.median(r["median_window"] for r in runs)
+    out["rounds"] = [r["steps_per_s"] for r in runs]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -771,6 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=2, help="nodes of the 4-process layout")
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--sharding", nargs="+", choices=ALL_TYPES, default=list(ALL_TYPES))
+    p.add_argument("--rounds", type=int, default=1, help="repeat every run, order alternating")
     p.add_argument("--with-embarkc", action="store_true", help="also run runtime_cpu.py's plans")
     p.add_argument("--embarkc-time-limit", type=float, default=10.0, help="CP-SAT seconds")
     p.add_argument("--planner-cap", type=int, default=300, help="TorchRec planner seconds")
@@ -830,27 +862,29 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             return 0
-        rows: dict[str, dict[str, Any]] = {}
-        for sharding in a.sharding:
-            print(f"torchrec {sharding}: {a.warmup} + {a.steps} steps ...", flush=True)
-            t = time.perf_counter()
-            rows[f"torchrec:{sharding}"] = run_torchrec(
-                plan, sharding, a.steps, a.warmup, a.window, a.gpus_per_node
+        jobs: dict[str, Any] = {
+            f"torchrec:{sh}": (
+                lambda sh=sh: run_torchrec(plan, sh, a.steps, a.warmup, a.window, a.gpus_per_node)
             )
-            print(
-                f"  {rows[f'torchrec:{sharding}']}  ({time.perf_counter() - t:.0f} s)", flush=True
-            )
+            for sh in a.sharding
+        }
         if a.with_embarkc:
             rc = _runtime_cpu()
             workload = rc.scaled_workload(a.rows_divisor, a.batch)
             for name, eplan in rc.make_plans(workload, a.embarkc_time_limit).items():
-                print(f"embarkc runtime, {name} plan: {a.warmup} + {a.steps} steps ...", flush=True)
-                res = rc.run_plan(eplan, a.steps, a.warmup)
-                s = rc.summarise(eplan, res, a.warmup)
-                rows[f"embarkc runtime:{name}"] = {
-                    "steps_per_s": s["steps_per_s"],
-                    "plan": f"{s['clusters']}, {s['cells']} cells",
-                }
+                jobs[f"embarkc runtime:{name}"] = lambda eplan=eplan: _run_embarkc(
+                    rc, eplan, a.steps, a.warmup
+                )
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in jobs}
+        # The machine's load drifts over minutes: odd rounds run the jobs in reverse order
+        # so that neither system always runs first.
+        for r in range(a.rounds):
+            for name in list(jobs) if r % 2 == 0 else list(reversed(jobs)):
+                print(f"round {r + 1}: {name}, {a.warmup} + {a.steps} steps ...", flush=True)
+                t = time.perf_counter()
+                runs[name].append(jobs[name]())
+                print(f"  {runs[name][-1]}  ({time.perf_counter() - t:.0f} s)", flush=True)
+        rows = {name: _median_run(rs) for name, rs in runs.items()}
         print(_train_table(rows), flush=True)
     if not a.no_planner:
         print(f"embarkc greedy planner on {T510_SPEC.relative_to(ROOT)} ...", flush=True)
