@@ -19,8 +19,8 @@ from embark_runtime.plan import (
     Source,
 )
 
-WORKLOADS = Path("/work/shared/workloads")
 ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = ROOT.parent / "shared" / "workloads"
 
 
 def _plan(spec, topo, tables, features, clusters, shards, partition="mod") -> Plan:

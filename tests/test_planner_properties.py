@@ -24,6 +24,7 @@ from embarkc.ir import (
 from embarkc.planner import plan_program
 from embarkc.planner.baselines import FIXED
 from embarkc.planner.cost import CostModel, layout_of_plan
+from tests.conftest import SHARED
 
 
 @st.composite
@@ -155,7 +156,7 @@ def test_cpsat_never_worse_than_greedy(program):
 def test_infeasible_spec_says_what_would_fit():
     from embarkc.workload import program_from_workload
 
-    prog = program_from_workload("/work/shared/workloads/t200.json", nodes=1, gpus_per_node=2)
+    prog = program_from_workload(SHARED / "workloads" / "t200.json", nodes=1, gpus_per_node=2)
     with pytest.raises(EmbarkError) as e:
         plan_program(prog, solver="greedy")
     msg = str(e.value)
@@ -165,7 +166,7 @@ def test_infeasible_spec_says_what_would_fit():
 def test_baselines_are_valid_plans():
     from embarkc.workload import program_from_workload
 
-    prog = program_from_workload("/work/shared/workloads/dcnv2.json", nodes=2)
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=2)
     g = plan_program(prog, solver="greedy")
     for name in FIXED:
         try:
