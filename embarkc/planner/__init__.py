@@ -249,4 +249,17 @@ def plan_program(
     estimate = cm.evaluate_layout(layout)
     info.setdefault("objective", estimate["step_time"])
     info = {k: v for k, v in info.items() if v is not None}
-    return build_plan(program, layout, info, estimate)
+    plan = build_plan(program, layout, info, estimate)
+    if strategy in ("embark", "greedy"):
+        # the independent checker has the last word on every plan the search returns;
+        # a rejection is a planner bug, reported as one (baselines ignore constraints
+        # by design and are not checked against them)
+        from embarkc.planner.check import validate_plan
+
+        broken = validate_plan(program, plan)
+        if broken:
+            raise AssertionError(
+                "the planner produced a plan that embarkc.planner.check rejects: "
+                + "; ".join(str(v) for v in broken[:5])
+            )
+    return plan
