@@ -26,7 +26,7 @@ later stage (planner, simulator, codegen, diff, report) may rely on without chec
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,18 @@ DType = Literal["fp32", "fp16", "bf16"]
 Pooling = Literal["sum", "mean", "concat"]
 ClusterKind = Literal["dp", "rb", "ub"]
 OptimizerKind = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
+Strategy = Literal[
+    "embark",
+    "greedy",
+    "table-wise",
+    "row-wise",
+    "column-wise",
+    "table-row-wise",
+    "data-parallel",
+]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+"""Every planning strategy (--strategy, `plan { strategy ... }`); the last five are the
+fixed baselines."""
 
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 """Bytes per element of each embedding dtype."""
@@ -267,15 +279,7 @@ class Colocate(Node):
 
 class PlanOptions(Node):
     objective: Literal["step_time", "memory"] = "step_time"
-    strategy: Literal[
-        "embark",
-        "greedy",
-        "table-wise",
-        "row-wise",
-        "column-wise",
-        "table-row-wise",
-        "data-parallel",
-    ] = "embark"
+    strategy: Strategy = "embark"
     solver: Literal["greedy", "cp-sat"] = "cp-sat"
     time_limit: float = Field(default=30.0, gt=0)
     seed: int = Field(default=0, ge=0)

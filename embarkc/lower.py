@@ -71,15 +71,6 @@ DENSE_OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
 INTERACTION_PARAMS: dict[str, tuple[str, ...]] = {"dot": (), "dcnv2": ("layers", "low_rank")}
 INTEGER_PARAMS = frozenset({"layers", "low_rank"})
 
-STRATEGIES = (
-    "embark",
-    "greedy",
-    "table-wise",
-    "row-wise",
-    "column-wise",
-    "table-row-wise",
-    "data-parallel",
-)
 
 T = TypeVar("T")
 
@@ -1042,7 +1033,7 @@ class Lowerer:
         ok = True
         enums = {
             "objective": ("step_time", "memory"),
-            "strategy": STRATEGIES,
+            "strategy": ir.STRATEGIES,
             "solver": ("greedy", "cp-sat"),
             "row_partition": ("mod", "range"),
             "communication": ("auto", "flat", "hierarchical"),

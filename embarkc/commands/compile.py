@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from embarkc.commands.plan import STRATEGIES
 from embarkc.diagnostics import EmbarkError
+from embarkc.ir import STRATEGIES
 
 HELP = "Plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder."
 

@@ -15,18 +15,10 @@ import time
 from typing import Any
 
 from embarkc.diagnostics import EXIT_OK
+from embarkc.ir import STRATEGIES
 
 HELP = "plan the sharding of a spec (clusters, 3D shards, ranks) and print its cost"
 
-STRATEGIES = (
-    "embark",
-    "greedy",
-    "table-wise",
-    "row-wise",
-    "column-wise",
-    "table-row-wise",
-    "data-parallel",
-)
 
 SHOWN_RANKS = 8
 

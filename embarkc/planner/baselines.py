@@ -23,19 +23,9 @@ import numpy as np
 
 from embark_runtime.plan import Plan
 from embarkc.diagnostics import EmbarkError
+from embarkc.ir import STRATEGIES
 from embarkc.planner.cost import CostModel, owner_seconds
 from embarkc.planner.types import Layout, Placement, column_widths
-
-STRATEGIES = (
-    "embark",
-    "greedy",
-    "table-wise",
-    "row-wise",
-    "column-wise",
-    "table-row-wise",
-    "data-parallel",
-)
-"""Every --strategy name; the last five are fixed baselines."""
 
 FIXED = STRATEGIES[2:]
 
