@@ -7,6 +7,8 @@ Usage (every rank, same order of calls):
     out = emb(batch.sparse)            # {feature: [b, out_dim]} for this rank's samples
     emb.prefetch(next_batch.sparse)    # optional: next batch's key traffic starts now
     loss.backward()                    # gradient traffic + fused sparse update, in place
+    ...                                # optional: all-reduce the dense gradients here
+    emb.finish_backward()              # dp exchanges complete (in flight until now)
     emb.bytes_moved()                  # {cluster: {"intra": n, "inter": n}} of that step
 
 The embedding weights are not torch Parameters: the backward applies each table's own
@@ -129,10 +131,12 @@ class ShardedEmbeddings(torch.nn.Module):
         ]
         self._anchor = torch.nn.Parameter(torch.zeros(0, device=self.device))
         self._prefetched: _Prefetched | None = None
+        self._pending: list[tuple[Cluster, object]] = []
         self._last = Traffic()
 
     # ------------------------------------------------------------------ steps
     def _distribute(self, batch_sparse) -> _Step:
+        self.finish_backward()
         error: BatchError | None = None
         try:
             feats = prepare_batch(self.plan, batch_sparse, self.device)
@@ -208,13 +212,28 @@ class ShardedEmbeddings(torch.nn.Module):
         for c in self.clusters:
             if not isinstance(c, DpCluster):
                 c.backward(step.saved[c.name], step.feats, g, step.bvec, step.traffic)  # type: ignore[attr-defined]
+        step.saved.clear()
+        self._pending = pending
+        if not self.overlap:
+            self.finish_backward()
+
+    def finish_backward(self) -> None:
+        """Complete the dp gradient exchanges of the last backward and apply their updates.
+
+        With overlap on, the backward leaves them in flight so that they run while the
+        caller all-reduces the dense model's gradients; the trainer calls this after that
+        all-reduce. Every other entry point (forward, prefetch, bytes_moved, gathers,
+        cells) calls it first, so forgetting it costs overlap, never correctness.
+        Collective: every rank calls it at the same point.
+        """
+        pending, self._pending = self._pending, []
         for c, p in pending:
             c.finish_backward(p)  # type: ignore[attr-defined]
-        step.saved.clear()
 
     # ------------------------------------------------------------------ inspection
     def bytes_moved(self) -> dict[str, dict[str, int]]:
         """Bytes this rank sent in the last step, per cluster (docs/communication.md)."""
+        self.finish_backward()
         out = {c.name: {"intra": 0, "inter": 0} for c in self.plan.clusters}
         out.update(self._last.as_dict())
         return out
@@ -234,6 +253,7 @@ class ShardedEmbeddings(torch.nn.Module):
         return self._gather(name)[1]
 
     def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+        self.finish_backward()
         c = self._cluster_of(name)
         t = c.table_by_name[name]
         if isinstance(c, DpCluster):
@@ -268,6 +288,7 @@ class ShardedEmbeddings(torch.nn.Module):
         """This rank's cells as embark_runtime.checkpoint.CellState (dp tables on rank 0)."""
         from embark_runtime.checkpoint import CellState
 
+        self.finish_backward()
         out = []
         for c in self.clusters:
             if isinstance(c, DpCluster) and self.rank != 0:
@@ -287,6 +308,7 @@ class ShardedEmbeddings(torch.nn.Module):
 
     def load_cells(self, cells) -> None:
         """Load CellState-like objects for exactly this rank's cells (and every dp table)."""
+        self.finish_backward()
         mine = {}
         for c in self.clusters:
             for key, cell in c.cells.items():

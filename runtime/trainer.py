@@ -599,12 +599,15 @@ class _Sharded:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         dense_traffic = Traffic()
+        # the dp tables' gradient exchange is still in flight (overlap on): it runs
+        # while the dense gradients are all-reduced, and completes just after
         allreduce_gradients(
             self.model.parameters(),
             lambda flat: self.comm.hierarchical_all_reduce(
                 flat, traffic=dense_traffic, cluster="dense"
             ),
         )
+        self.embeddings.finish_backward()
         self.optimizer.step()
 
         moved = {c: dict(v) for c, v in self.embeddings.bytes_moved().items()}

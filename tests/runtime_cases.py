@@ -226,6 +226,15 @@ def run_case(case: Case, comm) -> dict:
             emb.prefetch(locals_[s + 1])
         loss = sum((out[k] * w[lo:hi]).sum() for k, w in weights.items())
         loss.backward()
+        if case.overlap and any(c.kind == "dp" for c in plan.clusters):
+            # the dp exchange is still in flight after the backward: another collective
+            # (the trainer's dense all-reduce) runs meanwhile, then it completes
+            assert emb._pending
+            dummy = torch.ones(7)
+            comm.hierarchical_all_reduce(dummy)
+            assert torch.equal(dummy, torch.full((7,), float(comm.world)))
+        emb.finish_backward()
+        assert not emb._pending
         total = torch.tensor([float(loss.detach())], dtype=torch.float64)
         comm.all_reduce(total)
         rout = ref(globals_[s])
