@@ -154,3 +154,19 @@ def _load(text: str, filename: str, base: Path, name: str) -> ir.Program:
         merged = dict(sources)
         merged.update(e.sources)
         raise EmbarkError(e.diagnostics, merged) from None
+
+
+def dump_ast(spec: str | Path) -> str:
+    """The parse tree of the root spec file (`--dump ast` of every command that parses)."""
+    try:
+        data = Path(spec).read_bytes()
+    except OSError as e:
+        raise EmbarkError.at(str(spec), f"cannot read spec: {e.strerror or e}") from None
+    return str(parse(check_text(data, str(spec)), str(spec)).pretty())
+
+
+def dump_ir(program: ir.Program) -> str:
+    """The IR as JSON (`--dump ir` of every command that parses)."""
+    import json
+
+    return json.dumps(program.model_dump(mode="json", exclude_none=True), indent=2)

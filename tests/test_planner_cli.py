@@ -54,3 +54,20 @@ def test_spec_that_cannot_fit_says_what_would(tmp_path, capsys):
     assert main(["plan", str(spec), "--solver", "greedy"]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and ("GPUs" in err or "fit" in err)
+
+
+def test_dump_prints_each_stage_and_stops(tmp_path, capsys):
+    import json
+
+    from embark_runtime.plan import parse_plan
+
+    assert main(["plan", TINY, "--dump", "ast"]) == 0
+    assert capsys.readouterr().out.startswith("start\n")
+    assert main(["plan", TINY, "--dump", "ir"]) == 0
+    ir = json.loads(capsys.readouterr().out)
+    assert [t["name"] for t in ir["tables"]][:2] == ["country", "item"]
+    out = tmp_path / "plan.json"
+    assert main(["plan", TINY, "--dump", "plan", "--solver", "greedy", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert parse_plan(text).planner.solver == "greedy"
+    assert not out.exists(), "--dump stops before writing"

@@ -8,7 +8,6 @@ other specs are still checked). `--dump ast` prints the parse tree of the root f
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -66,13 +65,13 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from embarkc.frontend import load_program
+    from embarkc.frontend import dump_ast, dump_ir, load_program
 
     status = EXIT_OK
     for spec in args.specs:
         try:
             if args.dump == "ast":
-                print(_dump_ast(spec))
+                print(dump_ast(spec))
                 continue
             program = load_program(spec)
         except EmbarkError as e:
@@ -80,22 +79,10 @@ def run(args: argparse.Namespace) -> int:
             status = EXIT_USER_ERROR
             continue
         if args.dump == "ir":
-            print(json.dumps(program.model_dump(mode="json"), indent=1))
+            print(dump_ir(program))
             continue
         _print_summary(spec, program)
     return status
-
-
-def _dump_ast(spec: str) -> str:
-    from pathlib import Path
-
-    from embarkc.syntax import check_text, parse
-
-    try:
-        data = Path(spec).read_bytes()
-    except OSError as e:
-        raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
-    return str(parse(check_text(data, spec), spec).pretty())
 
 
 def _print_summary(spec: str, program: Any) -> None:

@@ -9,9 +9,7 @@ change are left alone. `--dump ast|ir|plan` prints that stage's value on stdout 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
@@ -39,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from embarkc.frontend import load_program
+    from embarkc.frontend import dump_ast, dump_ir, load_program
 
     spec = args.spec
     if args.dump is None and not args.output:
@@ -49,18 +47,12 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seed < 0:
         raise EmbarkError.at(spec, "--seed must not be negative")
     if args.dump == "ast":
-        from embarkc.syntax import check_text, parse
-
-        try:
-            data = Path(spec).read_bytes()
-        except OSError as e:
-            raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
-        print(parse(check_text(data, spec), spec).pretty(), end="")
+        print(dump_ast(spec))
         return 0
 
     program = load_program(spec)
     if args.dump == "ir":
-        print(json.dumps(program.model_dump(mode="json", exclude_none=True), indent=2))
+        print(dump_ir(program))
         return 0
 
     from embark_runtime.plan import dumps_plan

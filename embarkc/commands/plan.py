@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit, seconds")
     p.add_argument("--seed", type=int, metavar="N", help="solver seed")
     p.add_argument("--explain", metavar="TABLE", help="show every alternative for TABLE")
+    p.add_argument(
+        "--dump", choices=("ast", "ir", "plan"), help="print this stage on stdout and stop"
+    )
 
 
 def _ms(x: float) -> str:
@@ -45,10 +48,16 @@ def _gib(x: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from embarkc.diagnostics import EmbarkError
-    from embarkc.frontend import load_program
+    from embarkc.frontend import dump_ast, dump_ir, load_program
     from embarkc.planner import plan_program, plan_to_json
 
+    if args.dump == "ast":
+        print(dump_ast(args.spec))
+        return EXIT_OK
     program = load_program(args.spec)
+    if args.dump == "ir":
+        print(dump_ir(program))
+        return EXIT_OK
     if args.explain and args.explain not in program.table_by_name:
         from embarkc.diagnostics import did_you_mean
 
@@ -73,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = plan_program(program, **kwargs)  # type: ignore[arg-type]
     wall = time.perf_counter() - start
+    if args.dump == "plan":
+        sys.stdout.write(plan_to_json(plan))
+        return EXIT_OK
     if args.output:
         from pathlib import Path
 
