@@ -120,12 +120,24 @@ class DLRMDense(nn.Module):
         self.top = _mlp(top_in, top, last_activation=False)
         self.has_x = has_x
 
-    def forward(self, dense: torch.Tensor, embedded: Sequence[torch.Tensor]) -> torch.Tensor:
+    def bottom_forward(self, dense: torch.Tensor) -> torch.Tensor | None:
+        """The bottom MLP's output (None without dense features), to pass to `forward`."""
+        return self.bottom(dense) if self.has_x else None
+
+    def forward(
+        self,
+        dense: torch.Tensor,
+        embedded: Sequence[torch.Tensor],
+        *,
+        bottom: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`bottom`: the bottom MLP's output when the caller ran it already (the trainer
+        runs it before the embedding lookup, see trainer._Sharded._step)."""
         if len(embedded) != len(self.config.feature_widths):
             raise ValueError(
                 f"expected {len(self.config.feature_widths)} embedding outputs, got {len(embedded)}"
             )
-        x = self.bottom(dense) if self.has_x else None
+        x = bottom if bottom is not None else self.bottom_forward(dense)
         if self.cross is None:
             vectors = [p(e) for p, e in zip(self.project, embedded, strict=True)]
             if x is not None:

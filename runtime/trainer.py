@@ -590,11 +590,15 @@ class _Sharded:
     def _step(self, batch: Any, prefetch: Any | None) -> tuple[float, dict[str, dict[str, int]]]:
         """Train one step; returns (global mean loss, bytes moved per cluster, all ranks)."""
         dense_in, labels = _tensors(batch, self.device)
+        # the bottom MLP runs before the lookup: its autograd nodes are older, so in the
+        # backward the embeddings' node runs first and its dp gradient exchange (left in
+        # flight) overlaps the bottom MLP's backward and the dense all-reduce
+        bottom = self.model.bottom_forward(dense_in)
         out = self.embeddings(batch.sparse)
         if prefetch is not None:
             # the next batch's keys travel while this step's dense part computes
             self.embeddings.prefetch(prefetch.sparse)
-        logits = self.model(dense_in, [out[f] for f in self.program.features])
+        logits = self.model(dense_in, [out[f] for f in self.program.features], bottom=bottom)
         loss = local_loss(logits, labels, self.program.global_batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

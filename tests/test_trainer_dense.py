@@ -53,6 +53,35 @@ def test_model_gives_one_logit_per_sample_and_same_seed_same_replica(cfg):
     assert not torch.equal(out, DLRMDense(cfg, seed=4)(dense, emb))
 
 
+@pytest.mark.parametrize("cfg", [DOT, DCN], ids=["dot", "dcnv2"])
+def test_bottom_run_first_gives_the_same_logits_and_runs_after_the_lookup_in_backward(cfg):
+    """The trainer runs the bottom MLP before the embedding lookup so that the lookup's
+    backward (and its dp exchange) comes first; the result must not change."""
+    model = DLRMDense(cfg, seed=3)
+    dense, emb, _ = _inputs(cfg, 7)
+    want = model(dense, emb)
+    order: list[str] = []
+
+    class Lookup(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[override]
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[override]
+            order.append("lookup")
+            return g
+
+    first = next(model.bottom.parameters())
+    first.register_hook(lambda g: order.append("bottom"))
+    bottom = model.bottom_forward(dense)
+    leaves = [e.clone().requires_grad_() for e in emb]
+    got = model(dense, [Lookup.apply(e) for e in leaves], bottom=bottom)
+    assert torch.equal(got, want)
+    got.sum().backward()
+    assert order.index("lookup") < order.index("bottom")
+
+
 def test_seeded_construction_leaves_global_rng_alone():
     torch.manual_seed(11)
     expected = torch.rand(3)
