@@ -53,6 +53,17 @@ class Violation:
         return f"({self.rule}) {self.message}"
 
 
+def _names_differ(spec: list[str], plan: list[str]) -> str | None:
+    """How the plan's list of names differs from the spec's, or None when equal."""
+    if spec == plan:
+        return None
+    missing = [n for n in spec if n not in plan]
+    extra = [n for n in plan if n not in spec]
+    if missing:
+        return f"missing {missing}"
+    return f"unknown {extra}" if extra else "in another order"
+
+
 def validate_plan(program: Program, plan: Plan) -> list[Violation]:
     """Every rule (module docstring) that `plan` breaks for `program`, in rule order."""
     try:
@@ -123,16 +134,8 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
             f"row_partition is `{plan.row_partition}`, the spec says "
             f"`{program.options.row_partition}`"
         )
-    ir_tables = [t.name for t in program.tables]
-    plan_tables = [t.name for t in plan.tables]
-    if ir_tables != plan_tables:
-        missing = [n for n in ir_tables if n not in plan_tables]
-        extra = [n for n in plan_tables if n not in ir_tables]
-        what = (
-            f"missing {missing}"
-            if missing
-            else (f"unknown {extra}" if extra else "in another order")
-        )
+    what = _names_differ([t.name for t in program.tables], [t.name for t in plan.tables])
+    if what:
         bad(f"the plan's tables are not the spec's: {what}")
     else:
         for t, p in zip(program.tables, plan.tables, strict=True):
@@ -144,16 +147,8 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
             ):
                 if want != got:
                     bad(f"table `{t.name}` has {name} {got}, the spec says {want}", t.name)
-    ir_features = [f.name for f in program.features]
-    plan_features = [f.name for f in plan.features]
-    if ir_features != plan_features:
-        missing = [n for n in ir_features if n not in plan_features]
-        extra = [n for n in plan_features if n not in ir_features]
-        what = (
-            f"missing {missing}"
-            if missing
-            else (f"unknown {extra}" if extra else "in another order")
-        )
+    what = _names_differ([f.name for f in program.features], [f.name for f in plan.features])
+    if what:
         bad(f"the plan's features are not the spec's: {what}")
     else:
         for f, p in zip(program.features, plan.features, strict=True):
