@@ -436,6 +436,13 @@ class CostModel:
         self._cells[key] = cv
         return cv
 
+    def placement_values(self, tf: TableFacts, p: Placement) -> CellValues:
+        """The cells of a placement: its regular grid, or the cells a plan spelled out."""
+        if p.cells_explicit is None:
+            return self.grid_values(tf, p)
+        cells = tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
+        return self.cell_values(tf, p.kind, p.row_shards, cells)
+
     def grid_values(self, tf: TableFacts, p: Placement) -> CellValues:
         key = (tf.cache_key(p.row_shards), p.kind, p.row_shards, p.widths)
         hit = self._grid.get(key)
@@ -619,13 +626,7 @@ class RankState:
             self.all_buf += sign * dv.buf
             self.counts["dp"] += int(sign)
             return
-        cv = (
-            cm.grid_values(tf, p)
-            if p.cells_explicit is None
-            else cm.cell_values(
-                tf, p.kind, p.row_shards, tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
-            )
-        )
+        cv = cm.placement_values(tf, p)
         ranks = np.asarray(p.rank_list(), dtype=np.int64)
         self.add_cells(
             cv, ranks, sign, hierarchical=p.kind == "rb" and p.communication == "hierarchical"
@@ -856,13 +857,7 @@ def per_table(cm: CostModel, layout: Layout) -> list[dict[str, Any]]:
                 }
             )
             continue
-        cv = (
-            cm.grid_values(tf, p)
-            if p.cells_explicit is None
-            else cm.cell_values(
-                tf, p.kind, p.row_shards, tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
-            )
-        )
+        cv = cm.placement_values(tf, p)
         ranks = np.asarray(p.rank_list(), dtype=np.int64)
         load = np.zeros(cm.W)
         np.add.at(load, ranks, owner_seconds(cm, cv))
