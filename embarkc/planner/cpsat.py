@@ -53,7 +53,7 @@ import numpy as np
 from embarkc.planner.clusters import Unit, initial_grid
 from embarkc.planner.cost import CostModel, RankState, owner_seconds
 from embarkc.planner.greedy import P_NORM, Decision, GreedyResult
-from embarkc.planner.types import Layout, Placement, column_widths
+from embarkc.planner.types import Layout, Placement
 
 LNS_RANKS = 8
 """Ranks of a neighbourhood besides those of the critical rank's units."""
@@ -215,13 +215,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
     W, G = cm.W, cm.G
     for n in u.tables:
         tf = cm.facts[n]
-        p = Placement(
-            kind=d.kind,  # type: ignore[arg-type]
-            row_shards=d.r,
-            widths=column_widths(tf.dim, d.c),
-            ranks=(0,) * cells,
-            communication="hierarchical" if d.comm == "hierarchical" else "flat",
-        )
+        p = d.placement(tf.dim)
         cv = cm.grid_values(tf, p)
         load += owner_seconds(cm, cv)
         mem += cv.weights + cv.state + cv.buf_own

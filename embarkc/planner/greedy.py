@@ -49,6 +49,17 @@ class Decision:
     c: int = 1
     comm: str = "flat"
 
+    def placement(self, dim: int) -> Placement:
+        """The r x c grid of a sharded kind for a table of width `dim`, every cell on
+        rank 0 (a template: the search assigns the ranks)."""
+        return Placement(
+            kind=self.kind,  # type: ignore[arg-type]
+            row_shards=self.r,
+            widths=column_widths(dim, self.c),
+            ranks=(0,) * (self.r * self.c),
+            communication="hierarchical" if self.comm == "hierarchical" else "flat",
+        )
+
 
 MULTI_START_UNITS = 1000
 """Above this many units the greedy searches one start only (planning time)."""
@@ -116,13 +127,7 @@ class Search:
         templates = []
         for name in u.tables:
             tf = cm.facts[name]
-            p = Placement(
-                kind=d.kind,  # type: ignore[arg-type]
-                row_shards=d.r,
-                widths=column_widths(tf.dim, d.c),
-                ranks=(0,) * n,
-                communication="hierarchical" if d.comm == "hierarchical" else "flat",
-            )
+            p = d.placement(tf.dim)
             cv = cm.grid_values(tf, p)
             load += owner_seconds(cm, cv)
             mem += cv.weights + cv.state + cv.buf_own
