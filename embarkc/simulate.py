@@ -388,12 +388,6 @@ def rail_allgather_flows(message: np.ndarray, g: int) -> tuple[np.ndarray, np.nd
     )
 
 
-def ring_allreduce_bytes(size_bytes: int, world: int) -> int:
-    """Bytes each rank sends to its successor in a flat ring all-reduce of `size_bytes`
-    (not the documented exchange any more: see `hierarchical_allreduce_flows`)."""
-    return 0 if world <= 1 else 2 * (world - 1) * size_bytes // world
-
-
 @dataclass
 class _Acc:
     """One step's flows and per-rank ids, distinct rows and HBM bytes, being summed."""

@@ -223,53 +223,13 @@ class Comm:
         pending = Pending([work], lambda: list(torch.split(buf, recv)))
         return pending if async_op else pending.wait()
 
-    def all_reduce(
-        self,
-        tensor: Tensor,
-        *,
-        traffic: Traffic | None = None,
-        cluster: str = "",
-        counted_bytes: Sequence[int] = (),
-        async_op: bool = False,
-    ) -> Pending | Tensor:
-        """Sum `tensor` in place over the world. `counted_bytes`: the sizes S of the
-        logical all-reduces packed in `tensor` (one per table), each counted as a ring."""
-        if traffic is not None and self.world > 1:
-            succ = (self.rank + 1) % self.world
-            for s in counted_bytes:
-                traffic.add(cluster, self.same_node(succ, self.rank), ring_bytes(s, self.world))
+    def all_reduce(self, tensor: Tensor, *, async_op: bool = False) -> Pending | Tensor:
+        """Sum `tensor` in place over the world, uncounted (control data and gathers;
+        counted gradient traffic goes through `hierarchical_all_reduce`)."""
         if not self.distributed or self.world == 1:
             return Pending([], lambda: tensor) if async_op else tensor
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         pending = Pending([work], lambda: tensor)
-        return pending if async_op else pending.wait()
-
-    def all_gather_varlen(
-        self,
-        tensor: Tensor,
-        *,
-        traffic: Traffic | None = None,
-        cluster: str = "",
-        async_op: bool = False,
-    ) -> Pending | list[Tensor]:
-        """Every rank's 1-D `tensor` (lengths may differ), in rank order. Counted as the
-        tensor's bytes sent to every other rank."""
-        if traffic is not None:
-            nbytes = tensor.numel() * tensor.element_size()
-            for peer in range(self.world):
-                if peer != self.rank and nbytes:
-                    traffic.add(cluster, self.same_node(peer, self.rank), nbytes)
-        if not self.distributed or self.world == 1:
-            out = [tensor.clone()]
-            return Pending([], lambda: out) if async_op else out
-        sizes = self.all_gather_ints([tensor.numel()])
-        counts = [s[0] for s in sizes]
-        longest = max(counts)
-        padded = torch.zeros(longest, dtype=tensor.dtype, device=tensor.device)
-        padded[: tensor.numel()] = tensor.reshape(-1)
-        bufs = [torch.empty_like(padded) for _ in range(self.world)]
-        work = dist.all_gather(bufs, padded, group=self.group, async_op=True)
-        pending = Pending([work], lambda: [b[:n] for b, n in zip(bufs, counts, strict=True)])
         return pending if async_op else pending.wait()
 
     def hierarchical_all_reduce(
@@ -448,11 +408,6 @@ def _cat1(parts: Sequence[Tensor], like: Tensor) -> Tensor:
     if not parts:
         return like.new_empty(0)
     return torch.cat([p.reshape(-1) for p in parts])
-
-
-def ring_bytes(size: int, world: int) -> int:
-    """Bytes one rank sends in a ring all-reduce of `size` bytes over `world` ranks."""
-    return 2 * (world - 1) * size // world if world > 1 else 0
 
 
 def init_distributed(plan, device: str | None = None, timeout_s: float = 600.0) -> Comm:
