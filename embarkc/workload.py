@@ -28,30 +28,7 @@ from embarkc.ir import (
     Table,
     Topology,
 )
-
-GIB = 1 << 30
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # DGX H100: 80 GB HBM3 at 3.35 TB/s per GPU; NVLink 4 at 900 GB/s bidirectional
-    # (450 GB/s per direction); one ConnectX-7 400 Gb/s NIC per GPU (50 GB/s).
-    "dgx_h100": {
-        "hbm_bytes": 80 * GIB,
-        "hbm_bandwidth": 3.35e12,
-        "intra_node_bandwidth": 4.5e11,
-        "inter_node_bandwidth": 5.0e10,
-        "arch": "sm_90",
-    },
-    # DGX A100 80 GB: 2.039 TB/s HBM2e; NVLink 3 at 600 GB/s bidirectional; one
-    # 200 Gb/s HDR NIC per GPU (25 GB/s).
-    "dgx_a100": {
-        "hbm_bytes": 80 * GIB,
-        "hbm_bandwidth": 2.039e12,
-        "intra_node_bandwidth": 3.0e11,
-        "inter_node_bandwidth": 2.5e10,
-        "arch": "sm_80",
-    },
-}
-"""Hardware presets: per-GPU numbers from the vendors' DGX datasheets."""
+from embarkc.presets import PRESETS
 
 
 def topology(nodes: int, gpus_per_node: int, preset: str = "dgx_h100") -> Topology:
@@ -62,7 +39,8 @@ def topology(nodes: int, gpus_per_node: int, preset: str = "dgx_h100") -> Topolo
             f"unknown hardware preset `{preset}`",
             hint=f"known presets: {', '.join(sorted(PRESETS))}",
         )
-    return Topology(nodes=nodes, gpus_per_node=gpus_per_node, preset=preset, **PRESETS[preset])
+    hw = {k: v for k, v in PRESETS[preset].items() if k not in ("nodes", "gpus_per_node")}
+    return Topology(nodes=nodes, gpus_per_node=gpus_per_node, preset=preset, **hw)  # type: ignore[arg-type]
 
 
 def program_from_workload(
