@@ -27,6 +27,10 @@ extras: the position of every id of a concat feature in its bag (rb, needed to p
 when a bag is split over row shards), and, for dense dp exchange, a touched-row mask
 (4 bytes per row) so that exactly the rows present in the global batch are updated, as
 in the reference.
+
+Value buffers (partial vectors, vectors per key, gradients) are in the kernels'
+accumulation dtype `kernels.accum`: fp32 as above, or fp64 in the exact mode
+(`TorchKernels(torch.float64)`), where they carry twice the bytes.
 """
 
 from __future__ import annotations
@@ -110,6 +114,8 @@ class Cluster:
         self.name = cluster.name
         self.comm = comm
         self.kernels = kernels
+        self.acc: torch.dtype = getattr(kernels, "accum", F32)
+        """dtype of pooled results, gradients and every value buffer sent (kernels.accum)"""
         self.device = device
         self.partition = plan.row_partition
         self.tables = [plan.table(n) for n in cluster.tables]
@@ -163,7 +169,7 @@ class Cluster:
         dim = self.table_by_name[table].dim
         parts = [feats[f.name].unit_grads(grads[f.name], dim) for f in self.features[table]]
         if not parts:
-            return torch.zeros(0, dim, device=self.device)
+            return torch.zeros(0, dim, dtype=self.acc, device=self.device)
         return torch.cat(parts)
 
 
@@ -218,7 +224,9 @@ class DpCluster(Cluster):
             g = self.table_unit_grads(t.name, feats, grads)
             touched[t.name] = self.kernels.pooled_backward(g, rows, offsets, weights, "sum", t.rows)
         if self.exchange == "dense":
-            buf = _cat([self._dense(t, *touched[t.name]) for t in self.tables], F32, self.device)
+            buf = _cat(
+                [self._dense(t, *touched[t.name]) for t in self.tables], self.acc, self.device
+            )
             mask = torch.zeros(
                 sum(t.rows for t in self.tables), dtype=torch.int32, device=self.device
             )
@@ -238,7 +246,7 @@ class DpCluster(Cluster):
             p2 = self.comm.all_reduce(mask, async_op=True)
             return ("dense", p1, p2)
         keys = _cat([touched[t.name][0] for t in self.tables], I64, self.device)
-        vals = _cat([touched[t.name][1] for t in self.tables], F32, self.device)
+        vals = _cat([touched[t.name][1] for t in self.tables], self.acc, self.device)
         counts = self.comm.all_gather_ints([touched[t.name][0].numel() for t in self.tables])
         p1 = self.comm.rail_all_gather(
             keys,
@@ -257,7 +265,7 @@ class DpCluster(Cluster):
         return ("sparse", p1, p2, counts)
 
     def _dense(self, t, rows: Tensor, grads: Tensor) -> Tensor:
-        d = torch.zeros(t.rows, t.dim, dtype=F32, device=self.device)
+        d = torch.zeros(t.rows, t.dim, dtype=self.acc, device=self.device)
         d[rows] = grads
         return d
 
@@ -491,12 +499,14 @@ class RbCluster(ShardedCluster):
             return pooled[c][s:e]
 
         acc = {
-            t.name: torch.zeros(self.units(t.name, bvec[me]), t.dim, device=self.device)
+            t.name: torch.zeros(
+                self.units(t.name, bvec[me]), t.dim, dtype=self.acc, device=self.device
+            )
             for t in self.tables
         }
         if not self.hierarchical:
             chunks = [
-                _cat([piece(c, a) for c in self.cells_on[me]], F32, self.device)
+                _cat([piece(c, a) for c in self.cells_on[me]], self.acc, self.device)
                 for a in range(self.comm.world)
             ]
             counts = [
@@ -530,7 +540,7 @@ class RbCluster(ShardedCluster):
         chunks = [
             _cat(
                 [piece(c, r) for r in [q, *self.remote_rail(q)] for c in self.cells_on[me]],
-                F32,
+                self.acc,
                 self.device,
             )
             for q in node_peers
@@ -543,7 +553,7 @@ class RbCluster(ShardedCluster):
         got = self._a2a(chunks, counts, traffic, scope="node")
         sums = {
             (r, t.name, g): torch.zeros(
-                self.units(t.name, bvec[r]), g[1] - g[0], device=self.device
+                self.units(t.name, bvec[r]), g[1] - g[0], dtype=self.acc, device=self.device
             )
             for r in mine[1:]
             for t in self.tables
@@ -572,7 +582,7 @@ class RbCluster(ShardedCluster):
                 else [
                     sums[(p, t.name, g)] for t in self.tables for g in self.groups[(mynode, t.name)]
                 ],
-                F32,
+                self.acc,
                 self.device,
             )
             for p in rail
@@ -606,7 +616,7 @@ class RbCluster(ShardedCluster):
         received: dict[CellKey, dict[int, Tensor]] = {c: {} for c in self.cells_on[me]}
         if not self.hierarchical:
             chunks = [
-                _cat([gt[c.table][:, c.lo : c.hi] for c in self.cells_on[o]], F32, self.device)
+                _cat([gt[c.table][:, c.lo : c.hi] for c in self.cells_on[o]], self.acc, self.device)
                 for o in range(comm.world)
             ]
             counts = [
@@ -650,7 +660,7 @@ class RbCluster(ShardedCluster):
                     for t in self.tables
                     for g in self.groups[(comm.node_of(p), t.name)]
                 ],
-                F32,
+                self.acc,
                 self.device,
             )
             for p in rail
@@ -687,7 +697,7 @@ class RbCluster(ShardedCluster):
                     for r in mine
                     for c in self.cells_on[o]
                 ],
-                F32,
+                self.acc,
                 self.device,
             )
             for o in node_peers
@@ -756,7 +766,9 @@ class UbCluster(ShardedCluster):
                 blocks[p][a] = (start, start + n)
                 start += n
         vals = {
-            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).float()
+            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).to(
+                self.acc
+            )
             for c in self.cells_on[me]
         }
         chunks = []
@@ -765,7 +777,7 @@ class UbCluster(ShardedCluster):
             for c in self.cells_on[me]:
                 s, e = blocks[(c.table, c.row_shard)][a]
                 parts.append(vals[c][s:e])
-            chunks.append(_cat(parts, F32, self.device))
+            chunks.append(_cat(parts, self.acc, self.device))
         splits = kd.local["splits"]
         counts = [
             sum(
@@ -776,7 +788,9 @@ class UbCluster(ShardedCluster):
         ]
         got = self._a2a(chunks, counts, traffic)
         table_rows = {
-            t.name: torch.zeros(splits[t.name].unique.numel(), t.dim, device=self.device)
+            t.name: torch.zeros(
+                splits[t.name].unique.numel(), t.dim, dtype=self.acc, device=self.device
+            )
             for t in self.tables
         }
         for o, flat in enumerate(got):
@@ -822,7 +836,7 @@ class UbCluster(ShardedCluster):
             idx, g = self.kernels.pooled_backward(
                 self.table_unit_grads(t.name, feats, grads), rows, offsets, weights, "sum", u
             )
-            full = torch.zeros(u, t.dim, device=self.device)
+            full = torch.zeros(u, t.dim, dtype=self.acc, device=self.device)
             full[idx] = g
             key_grads[t.name] = full
         chunks = [
@@ -831,7 +845,7 @@ class UbCluster(ShardedCluster):
                     key_grads[c.table][splits[c.table].index_of_shard[c.row_shard], c.lo : c.hi]
                     for c in self.cells_on[o]
                 ],
-                F32,
+                self.acc,
                 self.device,
             )
             for o in range(comm.world)
@@ -859,7 +873,7 @@ class UbCluster(ShardedCluster):
             g = (
                 torch.cat(per_cell[c])
                 if per_cell[c]
-                else torch.zeros(0, c.width, device=self.device)
+                else torch.zeros(0, c.width, dtype=self.acc, device=self.device)
             )
             self.update_cell(c, rows, g)
 

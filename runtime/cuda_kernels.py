@@ -263,6 +263,9 @@ class CudaKernels:
     the tests pass a host emulation that runs the same sources on the CPU).
     """
 
+    accum = torch.float32
+    """the generated kernels accumulate in fp32 (the exact mode uses TorchKernels(fp64))"""
+
     name = "cuda"
 
     def __init__(

@@ -68,16 +68,18 @@ class FeatureInput:
         if self.pooling == "concat":
             return pooled_units.reshape(self.b, self.hotness * dim)
         if self.pooling == "mean":
-            return pooled_units / self.lengths().clamp(min=1).unsqueeze(1).float()
+            return pooled_units / self.lengths().clamp(min=1).unsqueeze(1).to(pooled_units.dtype)
         return pooled_units
 
     def unit_grads(self, grad: Tensor, dim: int) -> Tensor:
-        """Gradient of the output [b, out_dim] -> gradient of the summed units [units, dim]."""
-        grad = grad.float()
+        """Gradient of the output [b, out_dim] -> gradient of the summed units [units, dim]
+        (fp64 stays fp64, the exact mode; anything else becomes fp32)."""
+        if grad.dtype != torch.float64:
+            grad = grad.float()
         if self.pooling == "concat":
             return grad.reshape(self.units, dim)
         if self.pooling == "mean":
-            return grad / self.lengths().clamp(min=1).unsqueeze(1).float()
+            return grad / self.lengths().clamp(min=1).unsqueeze(1).to(grad.dtype)
         return grad
 
 

@@ -202,7 +202,7 @@ class ShardedEmbeddings(torch.nn.Module):
                 out_dim = self.plan.table(fi.table).dim * (
                     fi.hotness if fi.pooling == "concat" else 1
                 )
-                g[name] = torch.zeros(fi.b, out_dim, device=self.device)
+                g[name] = torch.zeros(fi.b, out_dim, dtype=self.kernels.accum, device=self.device)
         # dp exchanges go out first and complete last: they overlap the rb/ub traffic
         pending = [
             (c, c.start_backward(step.saved[c.name], step.feats, g, step.traffic))

@@ -8,8 +8,11 @@ implementation changes no result beyond fp32 summation order.
 Conventions, for every method:
 * `rows`, `keys`, `index`, `offsets` are int64; `offsets` has B+1 entries, `offsets[0] == 0`
   and `offsets[-1] == len(rows)`; bag `i` is `rows[offsets[i]:offsets[i+1]]`.
-* Results are fp32 whatever the weight's dtype; `sparse_update` computes in fp32 and
-  stores back in the weight's dtype.
+* Results are in the kernels' accumulation dtype `accum` (fp32, or fp64 for the exact
+  mode of `TorchKernels`) whatever the weight's dtype: pooled sums and row gradients
+  are accumulated in it, and the communication buffers of the clusters use it too.
+  `sparse_update` rounds the row gradients to fp32, computes in fp32 and stores back in
+  the weight's dtype, so the same fp32 gradient gives the same update everywhere.
 * Optimizer state (see `sparse_update`) is always fp32: adagrad {"sum": [n, w]},
   rowwise_adagrad {"sum": [n]}, adam {"m": [n, w], "v": [n, w], "step": [n]} (per-row
   step counts held in fp32: exact up to 2**24 steps), sgd {}.
@@ -38,6 +41,9 @@ class OptimizerParamsLike(Protocol):
 class Kernels(Protocol):
     """What a cluster needs from a device. See the module docstring for conventions."""
 
+    accum: torch.dtype
+    """dtype of pooled results, row gradients and the clusters' value buffers"""
+
     def pooled_forward(
         self,
         weight: Tensor,
@@ -46,7 +52,7 @@ class Kernels(Protocol):
         per_id_weights: Tensor | None,
         mode: str,
     ) -> Tensor:
-        """[B, w] fp32: per bag, the sum (or mean: sum / bag length, empty bag -> zeros)
+        """[B, w] in `accum`: per bag, the sum (or mean: sum / bag length, empty bag -> zeros)
         of its rows, each multiplied by its per-id weight when given."""
         ...
 
@@ -59,8 +65,8 @@ class Kernels(Protocol):
         mode: str,
         num_rows: int,
     ) -> tuple[Tensor, Tensor]:
-        """(unique rows sorted ascending [U], their gradients [U, w]): the gradient of every
-        distinct row, summed over all its occurrences in all bags."""
+        """(unique rows sorted ascending [U], their gradients [U, w] in `accum`): the
+        gradient of every distinct row, summed over all its occurrences in all bags."""
         ...
 
     def sparse_update(
@@ -107,9 +113,21 @@ def check_mode(mode: str) -> None:
 
 
 class TorchKernels:
-    """The reference implementation of `Kernels` in plain torch ops (CPU or any device)."""
+    """The reference implementation of `Kernels` in plain torch ops (CPU or any device).
+
+    `accum=torch.float64` is the exact mode: every sum of the lookup (pooling, row
+    gradients) is taken in fp64 from fp32 values, so that summing the same numbers in
+    another order (other row shards, another world size, the unsharded reference) gives
+    the same result up to fp64 rounding, and the fp32 gradient the optimizer sees is
+    almost always the same bits. It costs twice the bytes of every value buffer.
+    """
 
     name = "torch"
+
+    def __init__(self, accum: torch.dtype = torch.float32):
+        if accum not in (torch.float32, torch.float64):
+            raise ValueError(f"accumulation dtype must be float32 or float64, got {accum}")
+        self.accum = accum
 
     def pooled_forward(
         self,
@@ -121,9 +139,10 @@ class TorchKernels:
     ) -> Tensor:
         check_mode(mode)
         bags = offsets.numel() - 1
+        acc = self.accum
         if bags == 0:
-            return torch.zeros(0, weight.shape[1], dtype=torch.float32, device=weight.device)
-        if weight.dtype == torch.float32:
+            return torch.zeros(0, weight.shape[1], dtype=acc, device=weight.device)
+        if weight.dtype == torch.float32 and acc == torch.float32:
             # fused gather-and-sum: no [nnz, w] temporary (30x faster on CPU than gather + index_add)
             out = F.embedding_bag(
                 rows,
@@ -134,14 +153,14 @@ class TorchKernels:
                 include_last_offset=True,
             )
         else:
-            vals = weight.index_select(0, rows).float()
+            vals = weight.index_select(0, rows).to(acc)
             if per_id_weights is not None:
-                vals = vals * per_id_weights.float().unsqueeze(1)
-            out = torch.zeros(bags, weight.shape[1], dtype=torch.float32, device=weight.device)
+                vals = vals * per_id_weights.to(acc).unsqueeze(1)
+            out = torch.zeros(bags, weight.shape[1], dtype=acc, device=weight.device)
             out.index_add_(0, bag_of_ids(offsets, rows.numel()), vals)
         if mode == "mean":
             lengths = (offsets[1:] - offsets[:-1]).clamp(min=1)
-            out = out / lengths.unsqueeze(1).float()
+            out = out / lengths.unsqueeze(1).to(acc)
         return out
 
     def pooled_backward(
@@ -154,15 +173,16 @@ class TorchKernels:
         num_rows: int,
     ) -> tuple[Tensor, Tensor]:
         check_mode(mode)
-        grad = grad_out.float()
+        acc = self.accum
+        grad = grad_out.to(acc)
         if mode == "mean":
             lengths = (offsets[1:] - offsets[:-1]).clamp(min=1)
-            grad = grad / lengths.unsqueeze(1).float()
+            grad = grad / lengths.unsqueeze(1).to(acc)
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= num_rows):
             raise IndexError(f"row index outside [0, {num_rows})")
         unique, inverse = torch.unique(rows, sorted=True, return_inverse=True)
         if rows.numel() == 0:
-            return unique, torch.zeros(0, grad.shape[1], dtype=torch.float32, device=grad.device)
+            return unique, torch.zeros(0, grad.shape[1], dtype=acc, device=grad.device)
         # the transpose of a pooling is a pooling: row u's gradient is the sum, over the
         # occurrences of u, of its bag's gradient times the id's weight; occurrences are
         # grouped by row in their original order (stable sort): a fixed summation order
@@ -174,7 +194,7 @@ class TorchKernels:
             grad,
             row_offsets,
             mode="sum",
-            per_sample_weights=None if per_id_weights is None else per_id_weights.float()[order],
+            per_sample_weights=None if per_id_weights is None else per_id_weights.to(acc)[order],
             include_last_offset=True,
         )
         return unique, row_grads

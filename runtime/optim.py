@@ -63,9 +63,8 @@ def apply_update(
         return
     unique, inverse = kernels.dedup(rows)
     if unique.numel() != rows.numel():
-        summed = torch.zeros(
-            unique.numel(), grads.shape[1], dtype=torch.float32, device=grads.device
-        )
-        kernels.scatter_add_rows(summed, inverse, grads.float())
+        acc = torch.float64 if grads.dtype == torch.float64 else torch.float32
+        summed = torch.zeros(unique.numel(), grads.shape[1], dtype=acc, device=grads.device)
+        kernels.scatter_add_rows(summed, inverse, grads.to(acc))
         rows, grads = unique, summed
     kernels.sparse_update(weight, state, rows, grads, table.optimizer, table.optimizer_params)

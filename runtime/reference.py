@@ -6,6 +6,9 @@ spelled out again, so that a bug in a shared helper cannot hide in both. Same in
 values (`embark_runtime.init`), same optimizer semantics (`embark_runtime.kernels`
 module docstring): every touched row is updated once per step with its gradient summed
 over all its occurrences in the global batch.
+
+`accum=torch.float64` is the exact mode (see embark_runtime.kernels.TorchKernels): sums in
+fp64, gradients rounded to fp32 before the optimizer, as the sharded path does.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ class _RefLookup(torch.autograd.Function):
 class ReferenceEmbeddings(torch.nn.Module):
     """forward(global batch sparse) -> {feature: [B, out_dim]}; backward updates in place."""
 
-    def __init__(self, plan, *, seed: int = 0):
+    def __init__(self, plan, *, seed: int = 0, accum: torch.dtype = torch.float32):
         super().__init__()
         self.plan = plan
+        self.accum = accum
         self.weights: dict[str, Tensor] = {}
         self.states: dict[str, dict[str, Tensor]] = {}
         for t in plan.tables:
@@ -64,7 +68,7 @@ class ReferenceEmbeddings(torch.nn.Module):
             batch[f.name] = (
                 _as_tensor(bag.ids, torch.int64),
                 _as_tensor(bag.offsets, torch.int64),
-                None if w is None else _as_tensor(w, torch.float32),
+                None if w is None else _as_tensor(w, torch.float32).to(self.accum),
             )
         outs = _RefLookup.apply(self._anchor, self, batch)
         return {f.name: o for f, o in zip(self.plan.features, outs, strict=True)}
@@ -80,23 +84,23 @@ class ReferenceEmbeddings(torch.nn.Module):
         outs = []
         for f in self.plan.features:
             ids, offsets, w = batch[f.name]
-            table = self.weights[f.table].float()
+            table = self.weights[f.table].to(self.accum)
             b, dim = offsets.numel() - 1, table.shape[1]
             sample, pos, lengths = self._where(offsets, ids.numel())
             vals = table[ids] if w is None else table[ids] * w[:, None]
             if f.pooling == "concat":
-                out = torch.zeros(b, f.bag_max, dim)
+                out = torch.zeros(b, f.bag_max, dim, dtype=self.accum)
                 out[sample, pos] = vals
                 outs.append(out.reshape(b, f.bag_max * dim))
                 continue
-            out = torch.zeros(b, dim).index_add_(0, sample, vals)
+            out = torch.zeros(b, dim, dtype=self.accum).index_add_(0, sample, vals)
             if f.pooling == "mean":
                 out = out / lengths.clamp(min=1)[:, None]
             outs.append(out)
         return outs
 
     def _update(self, batch, grads) -> None:
-        acc = {t.name: torch.zeros(t.rows, t.dim) for t in self.plan.tables}
+        acc = {t.name: torch.zeros(t.rows, t.dim, dtype=self.accum) for t in self.plan.tables}
         touched = {t.name: torch.zeros(t.rows, dtype=torch.bool) for t in self.plan.tables}
         for f, g in zip(self.plan.features, grads, strict=True):
             ids, offsets, w = batch[f.name]
@@ -104,7 +108,9 @@ class ReferenceEmbeddings(torch.nn.Module):
             sample, pos, lengths = self._where(offsets, ids.numel())
             if g is None:
                 g = torch.zeros(
-                    offsets.numel() - 1, dim * (f.bag_max if f.pooling == "concat" else 1)
+                    offsets.numel() - 1,
+                    dim * (f.bag_max if f.pooling == "concat" else 1),
+                    dtype=self.accum,
                 )
             if f.pooling == "concat":
                 per_id = g.reshape(-1, f.bag_max, dim)[sample, pos]
@@ -112,6 +118,7 @@ class ReferenceEmbeddings(torch.nn.Module):
                 per_id = (g / lengths.clamp(min=1)[:, None])[sample]
             else:
                 per_id = g[sample]
+            per_id = per_id.to(self.accum)
             if w is not None:
                 per_id = per_id * w[:, None]
             acc[f.table].index_add_(0, ids, per_id)
@@ -123,6 +130,7 @@ class ReferenceEmbeddings(torch.nn.Module):
     def _apply(self, t, rows: Tensor, g: Tensor) -> None:
         p = t.optimizer_params
         weight, st = self.weights[t.name], self.states[t.name]
+        g = g.float()  # the optimizer sees the fp32 gradient (rounded once in exact mode)
         w = weight[rows].float()
         g = g + p.weight_decay * w if p.weight_decay else g
         if t.optimizer == "sgd":

@@ -17,6 +17,13 @@ global batch; each rank's share is the sum over its samples divided by the globa
 and the dense gradients are SUM-all-reduced (embark_runtime.dense). Trained weights agree
 with the reference up to floating-point summation order.
 
+`--exact` removes the summation order from the comparison: the embedding sums and the
+values on the wire are fp64 (TorchKernels(torch.float64), also on CUDA), the dense model
+runs in fp64, and every embedding gradient is rounded to fp32 once before the table's
+optimizer. The sharded run then trains the same fp32 tables as `--reference --exact`
+(bit for bit on tiny.embark, whose adagrad and adam amplify fp32 rounding differences
+until the runs drift apart), at twice the communicated bytes and fp64 dense compute.
+
 Fault tolerance: checkpoints are written atomically every `--checkpoint-every` steps
 (embark_runtime.checkpoint); `--resume` continues from the latest one, also after torchrun
 restarted the group, and from a checkpoint written under another plan (resharded on load).
@@ -166,6 +173,12 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
         "--reference", action="store_true", help="train unsharded in one process (no torchrun)"
     )
     p.add_argument("--no-overlap", action="store_true", help="do not prefetch the next batch")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="fp64 sums, wire values and dense model (torch kernels): the sharded run equals "
+        "--reference --exact whatever the summation order; twice the communicated bytes",
+    )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
@@ -262,8 +275,10 @@ class _Data:
         return self._reader.eval_batch(index, rank, world)
 
 
-def _tensors(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32)).to(device)
+def _tensors(
+    batch: Any, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dense = torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32)).to(device, dtype)
     labels = torch.from_numpy(np.ascontiguousarray(batch.labels, dtype=np.float32)).to(device)
     return dense, labels
 
@@ -373,21 +388,22 @@ class _Reference:
         self.program, self.plan, self.args = program, plan, args
         self.device = torch.device("cpu")
         self.data = _Data(program, plan, args)
-        self.embeddings = ReferenceEmbeddings(plan, seed=args.seed)
-        self.model = DLRMDense(program.dense, seed=args.seed)
+        self.dtype = torch.float64 if args.exact else torch.float32
+        self.embeddings = ReferenceEmbeddings(plan, seed=args.seed, accum=self.dtype)
+        self.model = DLRMDense(program.dense, seed=args.seed).to(self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.log = _Log(True, args.steps, args.log_every, args.log_json, args.quiet)
 
     def _logits(self, batch: Any) -> torch.Tensor:
-        dense, _ = _tensors(batch, self.device)
+        dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
         return self.model(dense, [out[f] for f in self.program.features])
 
     def run(self) -> int:
         a = self.args
         self.log.say(
-            f"{self.program.name}: reference run, unsharded, one process; data "
-            f"{self.data.description}"
+            f"{self.program.name}: reference run, unsharded, one process"
+            f"{', exact (fp64 sums)' if a.exact else ''}; data {self.data.description}"
         )
         for step in range(a.steps):
             t0 = time.perf_counter()
@@ -477,8 +493,12 @@ def _device(args: argparse.Namespace) -> torch.device:
     return torch.device("cpu")
 
 
-def _kernels(program: TrainProgram, device: torch.device) -> tuple[Any, str]:
+def _kernels(program: TrainProgram, device: torch.device, exact: bool) -> tuple[Any, str]:
     """The kernel implementation for `device` and a phrase saying which it is."""
+    if exact:
+        from embark_runtime.kernels import TorchKernels
+
+        return TorchKernels(torch.float64), "torch kernels in exact mode (fp64 sums)"
     if device.type != "cuda":
         return None, "torch kernels (no CUDA)"
     # kernels_for never raises: without cupy/NVRTC it falls back to the torch path and
@@ -555,7 +575,7 @@ class _Sharded:
         _join_restarted_job(self.device)
         self.comm = init_distributed(plan, device=str(self.device))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        kernels, self.kernel_note = _kernels(program, self.device)
+        kernels, self.kernel_note = _kernels(program, self.device, args.exact)
 
         from embark_runtime.embedding import ShardedEmbeddings
 
@@ -569,7 +589,8 @@ class _Sharded:
             overlap=not args.no_overlap,
             comm=self.comm,
         )
-        self.model = DLRMDense(program.dense, seed=args.seed).to(self.device)
+        self.dtype = torch.float64 if args.exact else torch.float32
+        self.model = DLRMDense(program.dense, seed=args.seed).to(self.device, self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.data = _Data(program, plan, args)
         self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
@@ -583,13 +604,13 @@ class _Sharded:
     # ------------------------------------------------------------------ one step
 
     def _forward(self, batch: Any) -> torch.Tensor:
-        dense, _ = _tensors(batch, self.device)
+        dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
         return self.model(dense, [out[f] for f in self.program.features])
 
     def _step(self, batch: Any, prefetch: Any | None) -> tuple[float, dict[str, dict[str, int]]]:
         """Train one step; returns (global mean loss, bytes moved per cluster, all ranks)."""
-        dense_in, labels = _tensors(batch, self.device)
+        dense_in, labels = _tensors(batch, self.device, self.dtype)
         # the bottom MLP runs before the lookup: its autograd nodes are older, so in the
         # backward the embeddings' node runs first and its dp gradient exchange (left in
         # flight) overlaps the bottom MLP's backward and the dense all-reduce

@@ -4,13 +4,17 @@ reference, another strategy trains the same model, a SIGKILLed rank is recovered
 last checkpoint with the same final weights, and a checkpoint of one plan resumes under
 another.
 
-Exactness: the sharded and reference runs sum the same numbers in different orders, so
-they agree to float32 rounding, not bit for bit. Under adagrad/adam (tiny.embark's
-optimizers) a rounding difference in a gradient that is nearly zero changes the sign of a
-first update (adagrad's first step is lr * sign(g)), and the runs drift apart within tens of
-steps; the equality checks therefore train a copy of tiny.embark whose optimizers are all
-SGD, where rounding differences stay at rounding size. Fault recovery replays exactly the
-same operations, so it is checked bit for bit on tiny.embark itself.
+Exactness: in the default fp32 mode the sharded and reference runs sum the same numbers
+in different orders, so they agree to float32 rounding, not bit for bit. Under
+adagrad/adam (tiny.embark's optimizers) a rounding difference in a gradient that is
+nearly zero changes the sign of a first update (adagrad's first step is lr * sign(g)),
+and fp32 runs drift apart within tens of steps; the fp32 check therefore trains a copy of
+tiny.embark whose optimizers are all SGD, where rounding differences stay at rounding
+size. `--exact` (fp64 sums, fp64 dense model, gradients rounded to fp32 once) takes the
+summation order out: tiny.embark itself, and a copy that pins a dp table, a ub table and
+hierarchical rb, train bit for bit the tables of the reference, also under another
+strategy and across a checkpoint of another plan. Fault recovery replays exactly the same
+operations, so it is checked bit for bit in the default mode.
 
 Every torchrun launch costs process starts on a 2-core machine, so the runs are module
 fixtures shared by the tests.
@@ -142,33 +146,67 @@ def test_a_sigkilled_rank_restarts_from_the_last_checkpoint_with_the_same_result
 
 # --------------------------------------------------------------------------- exactness
 
+PINS = "  communication hierarchical\n  table country { cluster dp }\n  table item { cluster ub }\n"
+"""Pin one table of each kind and hierarchical rb, so that an equality covers every cluster
+path of the trainer (the cost model alone puts tiny in one flat rb cluster)."""
+
+
+def _pinned(text: str) -> str:
+    assert text.count("  seed 0\n") == 1
+    return text.replace("  seed 0\n", "  seed 0\n" + PINS)
+
+
+def _losses(path: Path) -> list[float]:
+    return [x["loss"] for x in _records(path) if not x.get("eval")]
+
+
+def test_tiny_itself_trains_the_reference_tables_bit_for_bit_in_exact_mode(
+    tiny, tiny_run, tmp_path
+):
+    """The issue's end-to-end promise on tiny.embark as written (adagrad, adam,
+    rowwise_adagrad tables and an adagrad dense optimizer)."""
+    r = torchrun(
+        tiny,
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "1"),
+        *("--log-json", str(tmp_path / "s.jsonl"), "--export-embeddings", str(tmp_path / "s.npz")),
+    )
+    assert "torch kernels in exact mode (fp64 sums)" in r.stdout
+    reference(
+        tiny,
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "1"),
+        *("--log-json", str(tmp_path / "r.jsonl"), "--export-embeddings", str(tmp_path / "r.npz")),
+    )
+    assert_same_tables(tmp_path / "s.npz", tmp_path / "r.npz", atol=0.0)
+    ls, lr = _losses(tmp_path / "s.jsonl"), _losses(tmp_path / "r.jsonl")
+    assert len(ls) == len(lr) == STEPS
+    assert max(abs(a - b) for a, b in zip(ls, lr, strict=True)) < 1e-12
+    assert np.mean(ls[-10:]) < np.mean(ls[:10]) - 0.05
+    (ev_s,) = [x for x in _records(tmp_path / "s.jsonl") if x.get("eval")]
+    (ev_r,) = [x for x in _records(tmp_path / "r.jsonl") if x.get("eval")]
+    assert abs(ev_s["auc"] - ev_r["auc"]) < 1e-12
+    # fp64 values on the wire: every step moves more than the fp32 run of the same plan
+    # and data (tiny_run), but less than twice as much (keys and bag lengths keep their size)
+    work, _ = tiny_run
+    fp32 = [x["bytes_total"] for x in _records(work / "log.jsonl") if not x.get("eval")]
+    exact = [x["bytes_total"] for x in _records(tmp_path / "s.jsonl") if not x.get("eval")]
+    assert all(a < b < 2 * a for a, b in zip(fp32, exact, strict=True)), (fp32[:3], exact[:3])
+
 
 @pytest.fixture(scope="module")
-def sgd_spec(tmp_path_factory) -> Path:
-    """tiny.embark with every optimizer SGD (see the module docstring)."""
-    text = re.sub(
-        r"optimizer (sgd|adagrad|rowwise_adagrad|adam) \{ lr [0-9.]+ \}",
-        "optimizer sgd { lr 0.5 }",
-        TINY.read_text(),
-    )
-    assert text.count("optimizer sgd { lr 0.5 }") == 7
-    # pin one table of each kind and hierarchical rb, so that the equality below covers
-    # every cluster path of the trainer (the cost model alone puts tiny in one flat rb)
-    pins = "  communication hierarchical\n  table country { cluster dp }\n  table item { cluster ub }\n"
-    assert text.count("  seed 0\n") == 1
-    text = text.replace("  seed 0\n", "  seed 0\n" + pins)
-    spec = tmp_path_factory.mktemp("sgd_spec") / "tiny_sgd.embark"
-    spec.write_text(text)
+def pinned_spec(tmp_path_factory) -> Path:
+    """tiny.embark with its own optimizers and dp, ub and hierarchical rb pinned."""
+    spec = tmp_path_factory.mktemp("pinned_spec") / "tiny_pinned.embark"
+    spec.write_text(_pinned(TINY.read_text()))
     return spec
 
 
 @pytest.fixture(scope="module")
-def sgd_embark(sgd_spec, tmp_path_factory) -> tuple[Path, Path]:
-    out = compile_spec(sgd_spec, tmp_path_factory.mktemp("sgd_embark"))
-    work = tmp_path_factory.mktemp("sgd_embark_run")
+def pinned_embark(pinned_spec, tmp_path_factory) -> tuple[Path, Path]:
+    out = compile_spec(pinned_spec, tmp_path_factory.mktemp("pinned_embark"))
+    work = tmp_path_factory.mktemp("pinned_embark_run")
     torchrun(
         out,
-        *("--steps", str(STEPS), "--eval-batches", "0"),
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "0"),
         *("--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "20"),
         *("--export-embeddings", str(work / "tables.npz")),
     )
@@ -176,55 +214,95 @@ def sgd_embark(sgd_spec, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def sgd_rowwise(sgd_spec, tmp_path_factory) -> Path:
-    return compile_spec(sgd_spec, tmp_path_factory.mktemp("sgd_rowwise"), "--strategy", "row-wise")
+def pinned_rowwise(pinned_spec, tmp_path_factory) -> Path:
+    return compile_spec(
+        pinned_spec, tmp_path_factory.mktemp("pinned_rowwise"), "--strategy", "row-wise"
+    )
 
 
-def test_sharded_training_equals_the_unsharded_reference(sgd_embark, tmp_path):
-    out, work = sgd_embark
+def test_every_cluster_path_trains_the_reference_tables_bit_for_bit_in_exact_mode(
+    pinned_embark, tmp_path
+):
+    out, work = pinned_embark
     plan = json.loads((out / "plan.json").read_text())
     kinds = {c["kind"]: c for c in plan["clusters"]}
     assert set(kinds) == {"dp", "rb", "ub"}
     assert kinds["rb"]["communication"] == "hierarchical"
     reference(
         out,
-        "--steps",
-        str(STEPS),
-        "--eval-batches",
-        "0",
-        "--export-embeddings",
-        str(tmp_path / "ref.npz"),
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "0"),
+        *("--export-embeddings", str(tmp_path / "ref.npz")),
     )
-    assert_same_tables(work / "tables.npz", tmp_path / "ref.npz", atol=2e-6)
+    assert_same_tables(work / "tables.npz", tmp_path / "ref.npz", atol=0.0)
 
 
 def test_another_strategy_gives_another_program_and_the_same_model(
-    sgd_embark, sgd_rowwise, tmp_path
+    pinned_embark, pinned_rowwise, tmp_path
 ):
-    out, work = sgd_embark
-    assert (sgd_rowwise / "train.py").read_text() != (out / "train.py").read_text()
+    out, work = pinned_embark
+    assert (pinned_rowwise / "train.py").read_text() != (out / "train.py").read_text()
+    plan = json.loads((pinned_rowwise / "plan.json").read_text())
+    assert max(s["row_shards"] for s in plan["shards"]) > 1
     torchrun(
-        sgd_rowwise,
-        *("--steps", str(STEPS), "--eval-batches", "0"),
+        pinned_rowwise,
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "0"),
         *("--export-embeddings", str(tmp_path / "tables.npz")),
     )
-    assert_same_tables(work / "tables.npz", tmp_path / "tables.npz", atol=2e-6)
+    assert_same_tables(work / "tables.npz", tmp_path / "tables.npz", atol=0.0)
 
 
-def test_a_checkpoint_of_one_plan_resumes_under_another(sgd_embark, sgd_rowwise, tmp_path):
-    _, work = sgd_embark
+def test_a_checkpoint_of_one_plan_resumes_under_another(pinned_embark, pinned_rowwise, tmp_path):
+    _, work = pinned_embark
     r = torchrun(
-        sgd_rowwise,
-        *("--steps", str(STEPS), "--eval-batches", "0"),
+        pinned_rowwise,
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "0"),
         *("--resume", str(work / "ckpt" / "step-40")),
         *("--export-embeddings", str(tmp_path / "tables.npz")),
     )
     assert "at step 40" in r.stdout
-    assert_same_tables(work / "tables.npz", tmp_path / "tables.npz", atol=2e-6)
+    assert_same_tables(work / "tables.npz", tmp_path / "tables.npz", atol=0.0)
+
+
+@pytest.fixture(scope="module")
+def sgd_spec(tmp_path_factory) -> Path:
+    """The pinned tiny.embark with every optimizer SGD (see the module docstring)."""
+    text = re.sub(
+        r"optimizer (sgd|adagrad|rowwise_adagrad|adam) \{ lr [0-9.]+ \}",
+        "optimizer sgd { lr 0.5 }",
+        TINY.read_text(),
+    )
+    assert text.count("optimizer sgd { lr 0.5 }") == 7
+    spec = tmp_path_factory.mktemp("sgd_spec") / "tiny_sgd.embark"
+    spec.write_text(_pinned(text))
+    return spec
+
+
+@pytest.fixture(scope="module")
+def sgd_embark(sgd_spec, tmp_path_factory) -> Path:
+    return compile_spec(sgd_spec, tmp_path_factory.mktemp("sgd_embark"))
+
+
+def test_fp32_sharded_training_equals_the_reference_to_rounding(sgd_embark, tmp_path):
+    """The default mode, on every cluster path: fp32 summation order is all that differs."""
+    out = sgd_embark
+    r = torchrun(
+        out,
+        *("--steps", str(STEPS), "--eval-batches", "0"),
+        *("--log-json", str(tmp_path / "s.jsonl"), "--export-embeddings", str(tmp_path / "s.npz")),
+    )
+    assert "exact" not in r.stdout
+    reference(
+        out,
+        *("--steps", str(STEPS), "--eval-batches", "0"),
+        *("--log-json", str(tmp_path / "r.jsonl"), "--export-embeddings", str(tmp_path / "r.npz")),
+    )
+    assert_same_tables(tmp_path / "s.npz", tmp_path / "r.npz", atol=2e-6)
+    ls, lr = _losses(tmp_path / "s.jsonl"), _losses(tmp_path / "r.jsonl")
+    assert max(abs(a - b) for a, b in zip(ls, lr, strict=True)) < 1e-5
 
 
 def test_reference_trains_from_a_criteo_file(sgd_embark, tmp_path):
-    out, _ = sgd_embark
+    out = sgd_embark
     rng = np.random.default_rng(0)
     lines = []
     for _ in range(256 * 3):

@@ -131,6 +131,45 @@ def test_gather_and_scatter_add_rows():
     assert dst.tolist() == [[1, 1], [2, 2]]
 
 
+def test_exact_kernels_sum_in_fp64_so_the_order_of_partial_sums_does_not_matter():
+    exact = TorchKernels(torch.float64)
+    g = torch.Generator().manual_seed(5)
+    weight = (torch.rand(100, 8, generator=g) - 0.5) * 0.1
+    rows = torch.randint(0, 100, (60,), generator=g)
+    w = torch.rand(60, generator=g)
+    one_bag = torch.tensor([0, 60])
+    for ids_w in (None, w):
+        whole = exact.pooled_forward(weight, rows, one_bag, ids_w, "sum")
+        assert whole.dtype == torch.float64
+        # two "row shards" pooled apart, then summed in either order
+        parts = [
+            exact.pooled_forward(
+                weight,
+                rows[m],
+                torch.tensor([0, int(m.sum())]),
+                None if ids_w is None else ids_w[m],
+                "sum",
+            )
+            for m in (rows % 2 == 0, rows % 2 == 1)
+        ]
+        for total in (parts[0] + parts[1], parts[1] + parts[0]):
+            if ids_w is None:
+                # sums of fp32 values of these magnitudes are exact in fp64: the same bits
+                assert torch.equal(total, whole)
+            else:
+                # weighted: within fp64 rounding, and the same fp32 value
+                assert torch.allclose(total, whole, rtol=0, atol=1e-15)
+                assert torch.equal(total.float(), whole.float())
+        # fp32 pooling of the same bag is within fp32 rounding of it
+        assert torch.allclose(K.pooled_forward(weight, rows, one_bag, ids_w, "sum"), whole.float())
+    rows_u, grads = exact.pooled_backward(
+        torch.ones(1, 8, dtype=torch.float64), rows, one_bag, w, "mean", 100
+    )
+    assert grads.dtype == torch.float64 and torch.equal(rows_u, torch.unique(rows))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        TorchKernels(torch.float16)
+
+
 # --------------------------------------------------------------------------- init / storage
 
 
@@ -326,6 +365,29 @@ def test_one_rank_training_equals_the_reference_and_moves_no_bytes():
         )
         for name, s in emb.gather_state(t.name).items():
             assert torch.allclose(s, ref.table_state(t.name)[name], rtol=1e-5, atol=1e-7)
+
+
+def test_one_rank_exact_mode_trains_the_reference_tables_bit_for_bit():
+    """rb 2x2, ub, dp dense and sparse exchange, adagrad/adam/rowwise_adagrad, 12 steps."""
+    plan = _mixed_plan()
+    emb = ShardedEmbeddings(plan, 0, 1, seed=3, kernels=TorchKernels(torch.float64))
+    ref = ReferenceEmbeddings(plan, seed=3, accum=torch.float64)
+    for step in range(12):
+        batch = random_global_batch(plan, step)
+        out, rout = emb(batch), ref(batch)
+        g = torch.Generator().manual_seed(step)
+        weights = {
+            k: torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in rout.items()
+        }
+        for k in out:
+            assert out[k].dtype == rout[k].dtype == torch.float64, k
+            assert torch.allclose(out[k], rout[k], rtol=1e-14, atol=1e-15), k
+        sum((out[k] * w).sum() for k, w in weights.items()).backward()
+        sum((rout[k] * w).sum() for k, w in weights.items()).backward()
+    for t in plan.tables:
+        assert torch.equal(emb.gather_table(t.name), ref.table_weights(t.name)), t.name
+        for name, s in emb.gather_state(t.name).items():
+            assert torch.equal(s, ref.table_state(t.name)[name]), (t.name, name)
 
 
 def test_unused_output_still_updates_the_rows_it_touched_with_zero_gradient():
