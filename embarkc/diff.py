@@ -76,10 +76,12 @@ def load_side(path: str) -> Side:
     if _is_plan_file(p):
         return Side(path, load_plan(p))
     from embarkc.frontend import load_program
-    from embarkc.planner import plan_program
+    from embarkc.planner import plan_program, warn_ignored_constraints
 
     program = load_program(path)
-    return Side(path, plan_program(program), program)
+    plan = plan_program(program)
+    warn_ignored_constraints(program, plan)
+    return Side(path, plan, program)
 
 
 # --------------------------------------------------------------------------- views

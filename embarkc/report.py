@@ -220,6 +220,8 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
     message = _extra(planner, "message")
     if message:
         facts.append(("planner says", str(message)))
+    for v in _extra(planner, "ignored_constraints") or []:
+        facts.append(("constraint ignored", f"({v['rule']}) {v['message']}"))
     return ReportData(
         label=label or plan.source.spec,
         plan=plan,

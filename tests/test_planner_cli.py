@@ -32,6 +32,45 @@ def test_fixed_strategy_is_reported_as_a_baseline(capsys):
     assert "strategy table-row-wise" in out and "status baseline" in out
 
 
+def _constrained(tmp_path) -> str:
+    text = Path(TINY).read_text()
+    pins = "  table item { cluster ub }\n  table tag { within_node }\n"
+    spec = tmp_path / "constrained.embark"
+    spec.write_text(text.replace("  seed 0\n", "  seed 0\n" + pins))
+    return str(spec)
+
+
+def test_a_fixed_strategy_warns_at_each_constraint_it_ignores_and_records_them(tmp_path, capsys):
+    spec = _constrained(tmp_path)
+    out = tmp_path / "plan.json"
+    assert main(["plan", spec, "--strategy", "row-wise", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    lines = Path(spec).read_text().splitlines()
+    item_line = 1 + next(i for i, x in enumerate(lines) if "table item { cluster ub }" in x)
+    assert (
+        f"constrained.embark:{item_line}:9: warning: the fixed strategy row-wise ignores this "
+        "constraint: `item` is pinned to ub but the plan puts it in a rb cluster"
+    ) in err
+    assert f"{item_line + 1}:9: warning:" in err and "must stay within one node" in err
+    assert "--strategy embark" in err
+    ignored = (load_plan(out).planner.model_extra or {})["ignored_constraints"]
+    assert [(v["rule"], v["table"]) for v in ignored] == [
+        ("cluster-kind", "item"),
+        ("within-node", "tag"),
+    ]
+    # the report of that plan lists them among its facts
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "-o", str(page)]) == 0
+    assert "constraint ignored" in page.read_text() and "(within-node)" in page.read_text()
+    # simulating it is no error either: the same warnings, exit 0
+    assert main(["simulate", spec, "--strategy", "row-wise", "--batches", "1"]) == 0
+    assert "ignores this constraint" in capsys.readouterr().err
+    # the search honours them: no warning, nothing recorded
+    assert main(["plan", spec, "--solver", "greedy", "-o", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert "ignored_constraints" not in (load_plan(out).planner.model_extra or {})
+
+
 def test_explain_lists_every_alternative_with_a_verdict(capsys):
     assert main(["plan", TINY, "--solver", "greedy", "--explain", "item"]) == 0
     out = capsys.readouterr().out

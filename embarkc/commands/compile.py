@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from embark_runtime.plan import dumps_plan
-    from embarkc.planner import plan_program
+    from embarkc.planner import plan_program, warn_ignored_constraints
 
     plan = plan_program(
         program,
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         time_limit=args.time_limit,
         seed=args.seed,
     )
+    warn_ignored_constraints(program, plan)
     if args.dump == "plan":
         sys.stdout.write(dumps_plan(plan))
         return 0

@@ -49,7 +49,7 @@ def _gib(x: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from embarkc.diagnostics import EmbarkError
     from embarkc.frontend import dump_ast, dump_ir, load_program
-    from embarkc.planner import plan_program, plan_to_json
+    from embarkc.planner import plan_program, plan_to_json, warn_ignored_constraints
 
     if args.dump == "ast":
         print(dump_ast(args.spec))
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = plan_program(program, **kwargs)  # type: ignore[arg-type]
     wall = time.perf_counter() - start
+    warn_ignored_constraints(program, plan)
     if args.dump == "plan":
         sys.stdout.write(plan_to_json(plan))
         return EXIT_OK

@@ -1,6 +1,8 @@
 """The planner: IR `Program` -> `embark_runtime.plan.Plan`.
 
     plan_program(program, strategy=, solver=, time_limit=, seed=, progress=) -> Plan
+    ignored_constraints(program, plan) -> warnings for what a fixed strategy left out
+    warn_ignored_constraints(program, plan): print them (commands that plan a spec)
 
 Stages (each a plain function): `clusters` (units, allowed kinds, starting kinds),
 `greedy` (EMBark's greedy placement and splitting), `cpsat` (OR-tools refinement of the
@@ -15,11 +17,18 @@ from collections.abc import Callable
 from typing import Any
 
 from embark_runtime.plan import Plan, dumps_plan, validate_rules
-from embarkc.diagnostics import EmbarkError
+from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Program
 from embarkc.planner.types import Layout
 
-__all__ = ["plan_program", "build_plan", "plan_to_json", "round9"]
+__all__ = [
+    "plan_program",
+    "build_plan",
+    "plan_to_json",
+    "round9",
+    "ignored_constraints",
+    "warn_ignored_constraints",
+]
 
 
 def round9(x: Any) -> Any:
@@ -173,6 +182,42 @@ def plan_to_json(plan: Plan) -> str:
     return dumps_plan(plan)
 
 
+def ignored_constraints(program: Program, plan: Plan) -> list[Diagnostic]:
+    """A warning, at the constraint in the spec, for every constraint of the spec that
+    `plan`'s fixed strategy does not honour (none for the search: it honours them all)."""
+    from embarkc.planner.check import constraint_violations
+
+    strategy = plan.planner.strategy
+    if strategy in ("embark", "greedy"):
+        return []
+    return [
+        Diagnostic(
+            f"the fixed strategy {strategy} ignores this constraint: {v.message}",
+            v.span or Span.of_file(program.sources[0].path),
+            hint="plan with the search (--strategy embark) to honour every constraint",
+            severity="warning",
+        )
+        for v in constraint_violations(program, plan)
+    ]
+
+
+def warn_ignored_constraints(program: Program, plan: Plan) -> None:
+    """Print `ignored_constraints` on stderr, each with its line of the spec."""
+    import sys
+
+    diags = ignored_constraints(program, plan)
+    sources: dict[str, str] = {}
+    for d in diags:
+        if d.span.file not in sources:
+            try:
+                with open(d.span.file, encoding="utf-8") as f:
+                    sources[d.span.file] = f.read()
+            except (OSError, UnicodeDecodeError):
+                pass
+    for d in diags:
+        print(d.render(sources), file=sys.stderr)
+
+
 def plan_program(
     program: Program,
     *,
@@ -250,6 +295,17 @@ def plan_program(
     info.setdefault("objective", estimate["step_time"])
     info = {k: v for k, v in info.items() if v is not None}
     plan = build_plan(program, layout, info, estimate)
+    if strategy not in ("embark", "greedy"):
+        # a fixed strategy is what its name says, whatever the spec constrains: the
+        # constraints it breaks are recorded in the plan and reported as warnings
+        from embarkc.planner.check import constraint_violations
+
+        broken_constraints = constraint_violations(program, plan)
+        if broken_constraints:
+            info["ignored_constraints"] = [
+                {"rule": v.rule, "table": v.table, "message": v.message} for v in broken_constraints
+            ]
+            plan = build_plan(program, layout, info, estimate)
     if strategy in ("embark", "greedy"):
         # the independent checker has the last word on every plan the search returns;
         # a rejection is a planner bug, reported as one (baselines ignore constraints

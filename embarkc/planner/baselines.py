@@ -12,7 +12,9 @@
 * data-parallel: every table replicated (dp), when all of them fit on one GPU.
 
 Baselines honour memory but not the spec's placement constraints: they are what the
-named strategy would do. `build_layout` raises EmbarkError when a strategy cannot fit.
+named strategy would do. `plan_program` records the constraints a baseline breaks in
+`planner.ignored_constraints`, and the commands print a warning at each one.
+`build_layout` raises EmbarkError when a strategy cannot fit.
 """
 
 from __future__ import annotations

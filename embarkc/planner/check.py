@@ -1,7 +1,9 @@
 """An independent validator of any plan against the program it claims to plan.
 
 `validate_plan(program, plan)` returns every broken rule it finds as a `Violation`;
-`check_plan(program, plan, path)` raises an `EmbarkError` that names them. It knows
+`check_plan(program, plan, path)` raises an `EmbarkError` that names them;
+`constraint_violations(program, plan)` checks only the spec's placement constraints (the
+last five rules below), each violation with the span of its constraint. It knows
 nothing of how plans are searched (it never imports the planner's search or cost code),
 so it can judge the planner's output, a baseline, or a hand-edited file alike.
 
@@ -40,7 +42,7 @@ from embark_runtime.plan import Plan, PlanError, validate_rules
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Access, Program
 
-__all__ = ["Violation", "validate_plan", "check_plan"]
+__all__ = ["Violation", "validate_plan", "check_plan", "constraint_violations"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Violation:
     rule: str
     message: str
     table: str | None = None
+    span: Span | None = None
+    """where the spec states what is broken (constraints), when known"""
 
     def __str__(self) -> str:
         return f"({self.rule}) {self.message}"
@@ -64,8 +68,10 @@ def _names_differ(spec: list[str], plan: list[str]) -> str | None:
     return f"unknown {extra}" if extra else "in another order"
 
 
-def validate_plan(program: Program, plan: Plan) -> list[Violation]:
-    """Every rule (module docstring) that `plan` breaks for `program`, in rule order."""
+def validate_plan(program: Program, plan: Plan, *, constraints: bool = True) -> list[Violation]:
+    """Every rule (module docstring) that `plan` breaks for `program`, in rule order;
+    without `constraints`, the spec's placement constraints (cluster-kind to colocate)
+    are not checked (a fixed strategy ignores them by design)."""
     try:
         validate_rules(plan)
     except PlanError as e:
@@ -77,13 +83,14 @@ def validate_plan(program: Program, plan: Plan) -> list[Violation]:
         return out
     out += _memory(program, plan)
     out += _cells(program, plan)
-    out += _constraints(program, plan)
+    if constraints:
+        out += constraint_violations(program, plan)
     return out
 
 
-def check_plan(program: Program, plan: Plan, path: str) -> None:
+def check_plan(program: Program, plan: Plan, path: str, *, constraints: bool = True) -> None:
     """Raise an EmbarkError naming every broken rule of `plan` (nothing when it is valid)."""
-    bad = validate_plan(program, plan)
+    bad = validate_plan(program, plan, constraints=constraints)
     if bad:
         raise EmbarkError(
             [Diagnostic(f"invalid plan ({v.rule}): {v.message}", Span.of_file(path)) for v in bad]
@@ -235,10 +242,18 @@ def _grid(plan: Plan, table: str) -> tuple[str, int, int, set[int]]:
     return kind, r, cols, {s.rank for s in cells}
 
 
-def _constraints(program: Program, plan: Plan) -> list[Violation]:
+def _span(node) -> Span | None:
+    s = node.span
+    return None if s is None else Span(s.file, s.line, s.col, s.end_line, s.end_col)
+
+
+def constraint_violations(program: Program, plan: Plan) -> list[Violation]:
+    """The spec's placement constraints that `plan` breaks (rules cluster-kind to
+    colocate), each with the span of the constraint. Assumes `plan` describes `program`."""
     out: list[Violation] = []
     g = program.topology.gpus_per_node
     for c in program.constraints:
+        at = _span(c)
         kind, r, cols, ranks = _grid(plan, c.table)
         if c.cluster is not None and kind != c.cluster:
             out.append(
@@ -247,6 +262,7 @@ def _constraints(program: Program, plan: Plan) -> list[Violation]:
                     f"`{c.table}` is pinned to {c.cluster} but the plan puts it in a {kind} "
                     "cluster",
                     c.table,
+                    at,
                 )
             )
         hi_r = c.max_row_shards if c.max_row_shards is not None else r
@@ -257,6 +273,7 @@ def _constraints(program: Program, plan: Plan) -> list[Violation]:
                     f"`{c.table}` has {r} row shards; the spec allows "
                     f"{_bounds(c.min_row_shards, c.max_row_shards)}",
                     c.table,
+                    at,
                 )
             )
         lo_c = min(
@@ -273,6 +290,7 @@ def _constraints(program: Program, plan: Plan) -> list[Violation]:
                     f"`{c.table}` has {cols} column shards; the spec allows "
                     f"{_bounds(c.min_column_shards, c.max_column_shards)}",
                     c.table,
+                    at,
                 )
             )
         if c.within_node and len({rank // g for rank in ranks}) > 1:
@@ -282,6 +300,7 @@ def _constraints(program: Program, plan: Plan) -> list[Violation]:
                     f"`{c.table}` must stay within one node but lives on nodes "
                     f"{sorted({rank // g for rank in ranks})}",
                     c.table,
+                    at,
                 )
             )
     for group in program.colocate:
@@ -295,6 +314,7 @@ def _constraints(program: Program, plan: Plan) -> list[Violation]:
                         f"`{name}` is on ranks {sorted(sets[name])} but `{first}`, colocated "
                         f"with it, is on ranks {sorted(sets[first])}",
                         name,
+                        _span(group),
                     )
                 )
     return out
