@@ -412,7 +412,8 @@ def _cat1(parts: Sequence[Tensor], like: Tensor) -> Tensor:
 
 def init_distributed(plan, device: str | None = None, timeout_s: float = 600.0) -> Comm:
     """Join the job started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT),
-    on nccl when CUDA is available else gloo, and build the plan's node and rail groups.
+    on nccl for a CUDA `device` (or, with none given, when CUDA is available) and gloo
+    otherwise, and build the plan's node and rail groups.
 
     Raises CommError when the job's world size is not the plan's
     (topology.nodes * topology.gpus_per_node).
@@ -426,7 +427,10 @@ def init_distributed(plan, device: str | None = None, timeout_s: float = 600.0) 
                 f"environment variables {', '.join(missing)} are not set: start the trainer "
                 f"with `torchrun --nproc-per-node N ...`"
             )
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        # the device decides: NCCL only moves CUDA tensors, so a CPU run on a CUDA
+        # machine (train.py --device cpu) needs gloo
+        on_cuda = torch.device(device).type == "cuda" if device else torch.cuda.is_available()
+        backend = "nccl" if on_cuda else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     world = dist.get_world_size()
     if world != plan.world_size:

@@ -482,3 +482,32 @@ def test_half_precision_tables_train_like_the_reference(dtype):
         got, want = emb.gather_table(t.name), ref.table_weights(t.name)
         assert emb._cluster_of(t.name).cells and got.dtype == torch.float32
         assert torch.allclose(got, want, rtol=2 * ulp, atol=1e-6), t.name
+
+
+@pytest.mark.parametrize(
+    ("device", "backend"), [("cpu", "gloo"), (None, "nccl"), ("cuda:0", "nccl")]
+)
+def test_init_distributed_picks_the_backend_from_the_device(monkeypatch, device, backend):
+    """On a CUDA machine, `train.py --device cpu` must join with gloo: NCCL moves only
+    CUDA tensors."""
+    import torch.distributed as dist
+
+    from embark_runtime import comm as comm_mod
+
+    class Joined(Exception):
+        pass
+
+    chosen = []
+
+    def fake_init(name, **kw):
+        chosen.append(name)
+        raise Joined
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", fake_init)
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(k, "0" if k != "MASTER_ADDR" else "127.0.0.1")
+    with pytest.raises(Joined):
+        comm_mod.init_distributed(_mixed_plan(), device=device)
+    assert chosen == [backend]
