@@ -10,8 +10,11 @@ Stages, each a plain function:
 A `PlanView` takes the costs from the plan's own estimate fields when embarkc wrote it
 (estimate.critical_rank, components, per_rank[].components, per_table). A plan from an
 outside tool carries only the contract fields; it is re-costed with the project's cost
-model when its program is known (a spec on either side with the same tables), else the
-diff shows what the contract allows (step time, per-rank time and memory) and says so.
+model when its program is known (a spec on either side with the same tables, or the spec
+the plan names, found unchanged), else the diff shows what the contract allows (step
+time, per-rank time and memory) and says so. A plan whose layout was edited after embarkc
+costed it (`estimate.layout_sha256` no longer matches) is re-costed the same way; when no
+program can be found its stale figures are shown with a note saying so.
 
 Everything here is deterministic: the same inputs give byte-identical output.
 """
@@ -122,7 +125,7 @@ class PlanView(_Frozen):
     hbm_bytes: int
     per_rank: tuple[RankView, ...]
     tables: dict[str, TableView]
-    cost_source: Literal["plan", "cost model", "contract"]
+    cost_source: Literal["plan", "cost model", "contract", "stale"]
     """Where the costs come from: the plan's own fields, a re-costing, or the contract only."""
     status: str
     bound: float | None
@@ -177,16 +180,20 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def view_of(plan: Plan, program: Program | None = None) -> PlanView:
-    """Costs of `plan`: its own estimate fields, else a re-costing with `program`, else
-    the contract fields (step_time, per_rank time and memory)."""
+    """Costs of `plan`: its own estimate fields (when they cost this layout), else a
+    re-costing with `program`, else the contract fields (step_time, per_rank time and
+    memory) or the stale estimate, marked as such."""
+    from embarkc.planner import estimate_is_stale
+
     est = plan.estimate
-    source: Literal["plan", "cost model", "contract"] = "plan"
+    source: Literal["plan", "cost model", "contract", "stale"] = "plan"
     estimate: Any = est
-    if _extra(est, "components") is None or _extra(est, "per_table") is None:
+    lacks = _extra(est, "components") is None or _extra(est, "per_table") is None
+    if lacks or estimate_is_stale(plan):
         if program is not None:
             estimate, source = _recost(program, plan), "cost model"
         else:
-            source = "contract"
+            source = "contract" if lacks else "stale"
 
     per_rank_raw = _get(estimate, "per_rank") or []
     ranks: list[RankView] = []
@@ -200,6 +207,12 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
             )
         )
     ranks.sort(key=lambda r: r.rank)
+    if source == "stale" and len(ranks) == plan.world_size:
+        # memory is exact from the cells, whatever the estimate says
+        memory = plan.memory_by_rank()
+        ranks = [
+            r.model_copy(update={"memory_bytes": m}) for r, m in zip(ranks, memory, strict=True)
+        ]
     if len(ranks) != plan.world_size or [r.rank for r in ranks] != list(range(plan.world_size)):
         # an outside tool may leave per_rank short: memory is exact from the shards
         times = {r.rank: r.time for r in ranks}
@@ -220,7 +233,7 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
         mem = _get(entry, "memory_bytes")
         table_cost[str(_get(entry, "table"))] = (
             float(_get(entry, "time")),
-            int(mem) if mem is not None else None,
+            int(mem) if mem is not None and source != "stale" else None,
         )
     tables: dict[str, TableView] = {}
     for t in plan.tables:
@@ -489,12 +502,22 @@ def _table_fields(plan: Plan, name: str) -> dict[str, str]:
     return {"rows": str(t.rows), "dim": str(t.dim), "dtype": t.dtype, "optimizer": t.optimizer}
 
 
+def _stale_sides(s: Summary) -> list[str]:
+    return [n for n, src in (("A", s.cost_source_a), ("B", s.cost_source_b)) if src == "stale"]
+
+
 def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
     if identical:
         return "no changes"
     pct = s.step_time.pct
     ta, tb = fmt_time(s.step_time.a), fmt_time(s.step_time.b)
-    if pct is None or abs(pct) < SAME_PCT:
+    stale = _stale_sides(s)
+    if stale:
+        head = (
+            f"**step time not known**: plan {' and '.join(stale)} has a stale estimate "
+            f"({ta} -> {tb} before the edit)"
+        )
+    elif pct is None or abs(pct) < SAME_PCT:
         head = f"**same step time** ({ta} -> {tb})"
     elif pct > 0:
         head = f"**slower by {pct:.1f} %** ({ta} -> {tb})"
@@ -519,8 +542,34 @@ def diff_sides(a: Side, b: Side) -> PlanDiff:
         prog_a = prog_b
     if prog_b is None and prog_a is not None and _same_tables(b.plan, prog_a):
         prog_b = prog_a
+    prog_a = prog_a or program_of_plan(a.plan)
+    prog_b = prog_b or program_of_plan(b.plan)
     va, vb = view_of(a.plan, prog_a), view_of(b.plan, prog_b)
     return diff_views(a.label, a.plan, va, b.label, b.plan, vb, a.program, b.program)
+
+
+def program_of_plan(plan: Plan) -> Program | None:
+    """The program behind `plan` when it needs one to be costed (its estimate lacks our
+    fields or is stale) and the spec it names is there, unchanged (same sha256); None
+    otherwise. Never raises: a spec that no longer loads is as good as a missing one."""
+    import hashlib
+
+    from embarkc.planner import estimate_is_stale
+
+    est = plan.estimate
+    lacks = _extra(est, "components") is None or _extra(est, "per_table") is None
+    if not lacks and not estimate_is_stale(plan):
+        return None
+    spec = Path(plan.source.spec)
+    try:
+        if hashlib.sha256(spec.read_bytes()).hexdigest() != plan.source.sha256:
+            return None
+        from embarkc.frontend import load_program
+
+        program = load_program(str(spec))
+    except (OSError, EmbarkError):
+        return None
+    return program if _same_tables(plan, program) else None
 
 
 def _same_tables(plan: Plan, program: Program) -> bool:
@@ -696,6 +745,14 @@ def gate_failures(
     percent. A side whose A value is 0 fails a gate whenever B's value is larger.
     """
     out = []
+    stale = _stale_sides(d.summary)
+    if fail_if_slower is not None and stale:
+        # a gate on figures of another layout would pass or fail by accident
+        out.append(
+            f"the step time of plan {' and '.join(stale)} is not known (its estimate is "
+            "stale and its spec was not found unchanged), so --fail-if-slower cannot judge it"
+        )
+        fail_if_slower = None
     for limit, change, what, fmt in (
         (fail_if_slower, d.summary.step_time, "step time", fmt_time),
         (fail_if_memory_over, d.summary.peak_memory, "peak memory", fmt_bytes),
@@ -823,7 +880,7 @@ def render_markdown(d: PlanDiff) -> str:
         rows.append(["planner bound", fmt_time(s.bound.a), fmt_time(s.bound.b), ""])
     rows.append(["planner status", s.status_a, s.status_b, ""])
     lines += _md_table(["", "A", "B", "change"], rows)
-    if "contract" in (s.cost_source_a, s.cost_source_b):
+    if {"contract", "stale"} & {s.cost_source_a, s.cost_source_b}:
         lines += ["", _cost_source_note(s)]
 
     if d.tables_changed:
@@ -897,11 +954,25 @@ def _arrow(a: str, b: str) -> str:
 
 
 def _cost_source_note(s: Summary) -> str:
-    sides = [n for n, src in (("A", s.cost_source_a), ("B", s.cost_source_b)) if src == "contract"]
-    return (
-        f"_Plan {' and '.join(sides)} carries only the contract's estimate and no spec was given "
-        "to re-cost it: components and per-table costs are not shown._"
-    )
+    notes = []
+    for kind, text in (
+        (
+            "contract",
+            "carries only the contract's estimate and no spec was given to re-cost it: "
+            "components and per-table costs are not shown.",
+        ),
+        (
+            "stale",
+            "was edited after embarkc costed it (its estimate is of another layout) and the "
+            "spec it names (source.spec, relative to where it was planned) was not found "
+            "unchanged to re-cost it: its times are those of the layout before the edit, its "
+            "memory is exact. Run the diff where that spec is found to see the new costs.",
+        ),
+    ):
+        sides = [n for n, src in (("A", s.cost_source_a), ("B", s.cost_source_b)) if src == kind]
+        if sides:
+            notes.append(f"_Plan {' and '.join(sides)} {text}_")
+    return "\n".join(notes)
 
 
 def _migration_lines(m: Migration) -> list[str]:
@@ -991,8 +1062,9 @@ def render_terminal(d: PlanDiff, console: Any) -> None:
         t.add_row("planner bound", fmt_time(s.bound.a), fmt_time(s.bound.b), "")
     t.add_row("planner status", s.status_a, s.status_b, "")
     console.print(t)
-    if "contract" in (s.cost_source_a, s.cost_source_b):
-        console.print(_cost_source_note(s).strip("_"))
+    if {"contract", "stale"} & {s.cost_source_a, s.cost_source_b}:
+        for note in _cost_source_note(s).splitlines():
+            console.print(note.strip("_"))
 
     if d.tables_changed:
         t = Table(

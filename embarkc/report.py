@@ -241,6 +241,8 @@ def _source_text(view: PlanView) -> str:
         "plan": "the plan's own estimate",
         "cost model": "embarkc's cost model (the plan lacks our estimate fields)",
         "contract": "the plan's contract fields only (no per-component or per-table costs)",
+        "stale": "the plan's own estimate, which is STALE: the layout was edited after "
+        "embarkc costed it; give the spec to re-cost it",
     }[view.cost_source]
 
 

@@ -168,3 +168,53 @@ def test_a_spec_with_errors_is_a_user_error(base, tmp_path, capsys):
     assert main(["diff", base[1], bad]) == 2
     err = capsys.readouterr().err
     assert "bad.embark:" in err and "hotnes" in err and "Traceback" not in err
+
+
+def _edited(plan_path: Path, out: Path) -> None:
+    """A hand edit of a plan file: one cell moves to the next rank, the estimate stays."""
+    data = json.loads(plan_path.read_text())
+    cell = data["shards"][0]
+    cell["rank"] = (cell["rank"] + 1) % data["topology"]["gpus_per_node"]
+    out.write_text(json.dumps(data, indent=2))
+
+
+def test_a_hand_edited_plan_is_recosted_from_its_spec_or_marked_stale(tmp_path, capsys):
+    from embark_runtime.plan import load_plan
+    from embarkc.frontend import load_program
+    from embarkc.planner import estimate_is_stale
+    from embarkc.planner.cost import CostModel
+
+    spec = _spec(tmp_path, "s", BASE % "")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["plan", spec, "-o", str(a)]) == 0
+    _edited(a, b)
+    assert estimate_is_stale(load_plan(a)) is False
+    assert estimate_is_stale(load_plan(b)) is True
+    truth = CostModel(load_program(spec)).evaluate(load_plan(b))["step_time"]
+    assert abs(truth - load_plan(b).estimate.step_time) > 1e-9  # the edit matters
+
+    # the spec the plan names is there, unchanged: B is re-costed, not trusted
+    d = diff.diff_sides(diff.load_side(str(a)), diff.load_side(str(b)))
+    assert (d.summary.cost_source_a, d.summary.cost_source_b) == ("plan", "cost model")
+    assert d.summary.step_time.b == pytest.approx(truth)
+
+    # the spec changed since: B's figures are marked stale, the verdict says it, and a
+    # gate on the step time refuses to judge (exit 1) instead of passing by accident
+    Path(spec).write_text((BASE % "").replace("seed 0", "seed 1"))
+    capsys.readouterr()
+    assert main(["diff", str(a), str(b), "--format", "md", "--fail-if-slower", "50"]) == 1
+    captured = capsys.readouterr()
+    assert "**step time not known**: plan B has a stale estimate" in captured.out
+    assert "_Plan B was edited after embarkc costed it" in captured.out
+    assert "--fail-if-slower cannot judge it" in captured.err
+    d = diff.diff_sides(diff.load_side(str(a)), diff.load_side(str(b)))
+    assert d.summary.cost_source_b == "stale"
+    assert d.summary.peak_memory.b == max(load_plan(b).memory_by_rank())
+    # the memory gate still judges: memory is exact from the cells
+    assert main(["diff", str(a), str(b), "--fail-if-memory-over", "50"]) == 0
+
+    page = tmp_path / "r.html"
+    assert main(["report", str(b), "-o", str(page)]) == 0
+    assert "STALE" in page.read_text()
+    assert main(["simulate", str(b), "--batches", "1"]) == 0
+    assert "edited after embarkc costed it" in capsys.readouterr().err

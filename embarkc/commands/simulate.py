@@ -86,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
         raise EmbarkError.at(args.target, str(e)) from None
     wall = time.perf_counter() - start
     print_result(plan, result, compare_with_estimate(plan, result), wall, args.all_ranks)
+    from embarkc.planner import estimate_is_stale
+
+    if estimate_is_stale(plan):
+        print(
+            f"{args.target}: warning: the plan's layout was edited after embarkc costed it: "
+            "its estimate (compared above) is of the layout before the edit",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

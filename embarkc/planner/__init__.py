@@ -28,6 +28,8 @@ __all__ = [
     "round9",
     "ignored_constraints",
     "warn_ignored_constraints",
+    "layout_digest",
+    "estimate_is_stale",
 ]
 
 
@@ -174,7 +176,36 @@ def build_plan(
     }
     plan = Plan.model_validate(round9(data))
     validate_rules(plan, program.sources[0].path)
-    return plan
+    # the estimate names the layout it costs, so that an edit of the layout shows
+    estimate_model = plan.estimate.model_copy(update={"layout_sha256": layout_digest(plan)})
+    return plan.model_copy(update={"estimate": estimate_model})
+
+
+def layout_digest(plan: Plan) -> str:
+    """sha256 of what the estimate depends on besides the spec: the row partition, the
+    clusters (kind, communication, gradient exchange, tables) and every cell."""
+    import hashlib
+    import json
+
+    clusters = [
+        [c.name, c.kind, c.communication, getattr(c, "gradient_exchange", None), list(c.tables)]
+        for c in plan.clusters
+    ]
+    shards = sorted(
+        [s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank]
+        for s in plan.shards
+    )
+    text = json.dumps([plan.row_partition, clusters, shards], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def estimate_is_stale(plan: Plan) -> bool | None:
+    """Whether the plan's layout changed after embarkc costed it (None: the estimate does
+    not say which layout it costs, e.g. a plan from another tool)."""
+    recorded = (plan.estimate.model_extra or {}).get("layout_sha256")
+    if recorded is None:
+        return None
+    return bool(recorded != layout_digest(plan))
 
 
 def plan_to_json(plan: Plan) -> str:
