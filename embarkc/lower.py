@@ -825,8 +825,11 @@ class Lowerer:
                             "or a fixed `hotness N`",
                         )
                     ok = False
-        if self.lookup("weighted", b, defaults) is not None:
-            kw["weighted"] = True
+        wfld = self.lookup("weighted", b, defaults)
+        if wfld is not None:
+            kw["weighted"] = not any(
+                isinstance(v, Token) and v.type == "BOOL" and str(v) == "false" for v in wfld.values
+            )
         acc = self.lookup("access", b, defaults)
         if acc is not None:
             rows = table.rows if table is not None else None

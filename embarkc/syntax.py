@@ -32,13 +32,14 @@ MAX_SOURCE_BYTES = 4 * 1024 * 1024
 MAX_EXPECTED_SHOWN = 16
 """Longer "expected one of" lists (after a number, LALR merges states) help nobody."""
 
-VALUE_TOKENS = frozenset({"NAME", "NUMBER", "UNIT", "STRING"})
+VALUE_TOKENS = frozenset({"NAME", "NUMBER", "UNIT", "STRING", "BOOL"})
 
 _READABLE = {
     "NAME": "a name",
     "NUMBER": "a number",
     "UNIT": "a unit",
     "STRING": 'a "string"',
+    "BOOL": "`true` or `false`",
     "$END": "end of file",
 }
 

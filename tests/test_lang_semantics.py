@@ -89,6 +89,22 @@ def test_block_fields_override_defaults_which_override_ir_defaults() -> None:
     assert a.init.kind == "uniform" and a.init.high == 0.05
 
 
+def test_weighted_false_undoes_a_weighted_default() -> None:
+    p = lower(
+        "defaults { dim 8 hotness 2 weighted }\n"
+        "table a { rows 100 }\n"
+        "table b { rows 100 weighted false }\n"
+        "table c { rows 100 weighted true }\n"
+        "feature f { table a weighted false }\n"
+    )
+    weighted = {f.name: f.weighted for f in p.features}
+    assert weighted == {"b": False, "c": True, "f": False}
+    with pytest.raises(
+        EmbarkError, match="unexpected `maybe`; expected one of .*`true` or `false`"
+    ):
+        lower("table x { rows 10 dim 4 hotness 1 weighted maybe }\n")
+
+
 def test_explicit_features_replace_the_tables_own_feature() -> None:
     p = lower(
         "table items { rows 100 dim 8 }\n"
