@@ -14,7 +14,7 @@ import sys
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
 
-HELP = "Plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder."
+HELP = "plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder"
 
 SOLVERS = ("greedy", "cp-sat")
 
