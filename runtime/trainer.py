@@ -161,6 +161,13 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", type=Path, help="folder of periodic checkpoints")
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps")
     p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=0,
+        metavar="K",
+        help="keep only the newest K checkpoints in --checkpoint-dir (default 0: keep all)",
+    )
+    p.add_argument(
         "--resume",
         nargs="?",
         const="",
@@ -185,13 +192,22 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    for name in ("steps", "log_every", "eval_every", "eval_batches", "checkpoint_every"):
+    for name in (
+        "steps",
+        "log_every",
+        "eval_every",
+        "eval_batches",
+        "checkpoint_every",
+        "keep_checkpoints",
+    ):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} must not be negative")
     if args.log_every == 0:
         args.log_every = 1
     if args.checkpoint_every and args.checkpoint_dir is None:
         raise TrainerError("--checkpoint-every needs --checkpoint-dir")
+    if args.keep_checkpoints and args.checkpoint_dir is None:
+        raise TrainerError("--keep-checkpoints needs --checkpoint-dir")
     if args.resume == "" and args.checkpoint_dir is None:
         raise TrainerError("--resume without a PATH needs --checkpoint-dir")
     if args.reference and (args.checkpoint_dir is not None or args.resume is not None):
@@ -735,7 +751,9 @@ class _Sharded:
         )
         self.dist.barrier()
         if self.rank == 0:
-            checkpoint.finalize_checkpoint(root, done, self.plan, self.world)
+            checkpoint.finalize_checkpoint(
+                root, done, self.plan, self.world, keep_last=self.args.keep_checkpoints or None
+            )
         self.dist.barrier()
         self.log.say(f"checkpoint after step {done} in {root}")
 

@@ -96,7 +96,7 @@ def tiny_run(tiny, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
         tiny,
         *("--steps", str(STEPS), "--log-json", str(work / "log.jsonl")),
         *("--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "10"),
-        *("--export-embeddings", str(work / "tables.safetensors")),
+        *("--keep-checkpoints", "2", "--export-embeddings", str(work / "tables.safetensors")),
     )
     return work, r
 
@@ -111,6 +111,8 @@ def test_tiny_trains_on_4_cpu_processes_and_the_loss_falls(tiny, tiny_run):
     last = np.mean([x["loss"] for x in steps[-10:]])
     assert last < first - 0.05, (first, last)
     assert all(x["samples_per_s"] > 0 for x in steps)
+    # --keep-checkpoints 2: the newest two of the five remain
+    assert sorted(p.name for p in (work / "ckpt").iterdir()) == ["step-40", "step-50"]
     plan = json.loads((tiny / "plan.json").read_text())
     # bytes moved, per cluster of the plan and for the dense all-reduce
     assert set(steps[0]["bytes"]) == {c["name"] for c in plan["clusters"]} | {"dense"}
