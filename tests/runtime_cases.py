@@ -29,6 +29,8 @@ class Case:
     placement_seed: int = 0
     shards: list[tuple[str, int, int, int, int, int]] | None = None
     """hand-placed cells (table, row shard, row shards, lo, hi, rank) replacing make_plan's"""
+    exact: bool = False
+    """the exact mode: TorchKernels(float64) against ReferenceEmbeddings(accum=float64)"""
 
     def plan(self):
         plan = make_plan(
@@ -191,7 +193,16 @@ def random_cases(count: int, seed: int) -> list[Case]:
     return cases
 
 
-def output_weights(plan, step: int, seed: int):
+def exact_cases(count: int, seed: int) -> list[Case]:
+    """Random small plans in the exact mode, more steps: the adaptive optimizers then
+    train the reference's tables bit for bit whatever the grid, kind or world."""
+    return [
+        Case(**{**c.__dict__, "name": f"exact-{c.name}", "exact": True, "steps": 4})
+        for c in random_cases(count, seed)
+    ]
+
+
+def output_weights(plan, step: int, seed: int, dtype=None):
     import torch
 
     gen = torch.Generator().manual_seed(seed * 1000 + step)
@@ -199,7 +210,7 @@ def output_weights(plan, step: int, seed: int):
     for f in plan.features:
         dim = plan.table(f.table).dim
         width = dim * (f.bag_max if f.pooling == "concat" else 1)
-        out[f.name] = torch.randn(plan.batch_size, width, generator=gen)
+        out[f.name] = torch.randn(plan.batch_size, width, generator=gen, dtype=dtype)
     return out
 
 
@@ -208,19 +219,27 @@ def run_case(case: Case, comm) -> dict:
     import torch
 
     from embark_runtime.embedding import ReferenceEmbeddings, ShardedEmbeddings
+    from embark_runtime.kernels import TorchKernels
 
     plan = case.plan()
+    accum = torch.float64 if case.exact else torch.float32
     emb = ShardedEmbeddings(
-        plan, comm.rank, comm.world, comm=comm, seed=case.seed, overlap=case.overlap
+        plan,
+        comm.rank,
+        comm.world,
+        comm=comm,
+        seed=case.seed,
+        overlap=case.overlap,
+        kernels=TorchKernels(accum),
     )
-    ref = ReferenceEmbeddings(plan, seed=case.seed)
+    ref = ReferenceEmbeddings(plan, seed=case.seed, accum=accum)
     b = plan.batch_size // comm.world
     lo, hi = comm.rank * b, (comm.rank + 1) * b
     globals_ = [random_global_batch(plan, s, case.seed) for s in range(case.steps)]
     locals_ = [slice_batch(gb, lo, hi) for gb in globals_]
     losses, bytes_ = [], []
     for s in range(case.steps):
-        weights = output_weights(plan, s, case.seed)
+        weights = output_weights(plan, s, case.seed, accum)
         out = emb(locals_[s])
         if s + 1 < case.steps:
             emb.prefetch(locals_[s + 1])

@@ -4,7 +4,8 @@ One spawn of 4 processes runs every case (2-process cases on the subgroup {0, 1}
 grid of cluster kind x pooling x grid x optimizer x flat/hierarchical, and random small
 plans. After several steps every row and optimizer state must equal the reference's
 within 1e-5 of the table's scale, the global loss must match at every step, and the
-bytes each rank reports must equal docs/communication.md's count.
+bytes each rank reports must equal docs/communication.md's count. In the exact mode
+(fp64 sums), 16 more random plans must equal the reference bit for bit after 4 steps.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from runtime_cases import (
     PROBE_LAYOUTS,
     PROBE_SEGMENTS,
     doc_bytes,
+    exact_cases,
     grid_cases,
     hierarchical_allreduce_messages,
     local_batches,
@@ -32,6 +34,7 @@ GRID = grid_cases()
 RANDOM = random_cases(16, seed=2024)
 OVERLAP = overlap_cases()
 UNEVEN = uneven_cases()
+EXACT = exact_cases(16, seed=7)
 TOL = 1e-5
 
 pytestmark = pytest.mark.slow
@@ -39,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    per_rank = spawn(worker, 4, GRID + RANDOM + OVERLAP + UNEVEN)
+    per_rank = spawn(worker, 4, GRID + RANDOM + OVERLAP + UNEVEN + EXACT)
     by_case: dict[str, list[dict]] = {}
     for rank_results in per_rank:
         for r in rank_results:
@@ -81,6 +84,17 @@ def test_grid_case_bytes_follow_the_communication_doc(results, case):
 def test_random_plan_matches_reference_and_doc(results, case):
     _check_exact(case, results[case.name])
     _check_bytes(case, results[case.name])
+
+
+@pytest.mark.parametrize("case", EXACT, ids=[c.name for c in EXACT])
+def test_exact_mode_trains_the_reference_bit_for_bit(results, case):
+    """fp64 sums: every weight and optimizer state equal to the reference's, no tolerance."""
+    runs = results[case.name]
+    assert len(runs) == case.world
+    for rank, run in enumerate(runs):
+        assert run["errors"] == dict.fromkeys(run["errors"], 0.0), f"{case.name} rank {rank}"
+        for step, (got, want) in enumerate(run["losses"]):
+            assert abs(got - want) <= 1e-12 * max(1.0, abs(want)), f"{case.name} step {step}"
 
 
 def test_prefetch_overlap_gives_bitwise_identical_training(results):
