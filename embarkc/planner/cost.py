@@ -139,8 +139,11 @@ def access_stats(
         d = head_d.sum(axis=1, keepdims=True)
         sh = np.zeros(k, dtype=np.int64)
     else:
-        key = keymod.permute(ranks, rows, table_index) if permuted else ranks
-        sh = keymod.row_shard_of(key, rows, r, partition)
+        key = _head_keys(rows, table_index, k) if permuted else ranks
+        if partition == "mod":
+            sh = (key % r).astype(np.int64, copy=False)  # keymod.row_shard_of, in key's dtype
+        else:
+            sh = keymod.row_shard_of(key, rows, r, partition)
         q = np.bincount(sh, p, minlength=r)
         d = np.stack([np.bincount(sh, head_d[i], minlength=r) for i in range(len(ns))])
     if rows > k:
@@ -160,6 +163,18 @@ def access_stats(
             q = q + _zipf_tail_mass(lo, hi, alpha) / z
             d = d + _zipf_tail_distinct(lo, hi, alpha, z, ns)
     return q, np.minimum(d, rs[None, :])
+
+
+@lru_cache(maxsize=1024)
+def _head_keys(rows: int, table_index: int, k: int) -> np.ndarray:
+    """The keys of the first k frequency ranks of a permuted table (they do not depend on
+    the number of row shards, so every grid of the table shares them); int32 when they
+    fit, so the cache holds at most 1024 x HEAD_RANKS x 4 bytes (256 MiB)."""
+    keys = keymod.permute(np.arange(k, dtype=np.int64), rows, table_index)
+    if rows <= np.iinfo(np.int32).max:
+        keys = keys.astype(np.int32)
+    keys.flags.writeable = False
+    return keys
 
 
 @lru_cache(maxsize=1024)

@@ -12,7 +12,11 @@
    row and column splits and merges (cuts at multiples of 4), rows traded for columns,
    another kind and, for rb, the other communication; keep the move that lowers the
    16-norm of the rank times most; stop when no move helps. The best step time seen wins.
-4. A fresh heaviest-first placement of the final grids, improved again; the faster of the
+4. `Search.polish`: for the heaviest units of the critical rank, their moves and wider
+   grids (`POLISH_GRIDS`), judged by the step time itself; a few rounds. The norm's
+   descent stops in local minima that a jump to a grid several steps away leaves
+   (T510 on 128 GPUs: 6.50 -> 5.87 ms).
+5. A fresh heaviest-first placement of the final grids, improved again; the faster of the
    two, and of the starts, is returned.
 """
 
@@ -70,6 +74,13 @@ FOUR_START_UNITS = 300
 
 P_NORM = 16.0
 """Exponent of the norm the search descends on (see `Search.score`)."""
+
+POLISH_GRIDS = tuple((r, c) for r in (1, 2, 4, 8) for c in (1, 2, 4))
+"""Grids the polish (`Search.polish`) tries for the heaviest units of the critical rank,
+beside their neighbouring grids: jumps that single steps of the descent cannot make."""
+
+POLISH_ROUNDS = 6
+"""Moves the polish applies at most (each one a full scan of its candidates)."""
 
 
 class NoRoom(Exception):
@@ -355,6 +366,46 @@ class Search:
             return 0.0, 0.0
         return m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM), m
 
+    def polish(self, rounds: int = POLISH_ROUNDS, top_units: int = 3) -> float:
+        """Lower the step time itself: for the `top_units` heaviest units of the critical
+        rank, try their moves and the grids of POLISH_GRIDS, apply the one that lowers the
+        step time most, and repeat until none does. Ends in the state it returns the step
+        time of (never worse than where it started)."""
+        cm = self.cm
+        best = self.score()[1]
+        for _ in range(rounds):
+            crit = int(np.argmax(self.state.times()))
+            on_crit = {
+                name: float(a.load[a.ranks == crit].sum())
+                for name, a in self.applied.items()
+                if (a.ranks == crit).any()
+            }
+            ranked = sorted(on_crit, key=lambda n: (-on_crit[n], cm.facts[n].index))
+            base = self.snapshot()
+            best_move: tuple[float, str, Decision] | None = None
+            for name in ranked[:top_units]:
+                u = self.by_name[name]
+                d = self.decisions[name]
+                moves = self.candidates(u, d)
+                if d.kind != "dp":
+                    seen = {(m.kind, m.r, m.c, m.comm) for m in moves}
+                    for r2, c2 in POLISH_GRIDS:
+                        m = replace(d, r=r2, c=c2, comm=self._comm(r2, d.comm))
+                        if (m.kind, m.r, m.c, m.comm) in seen:
+                            continue
+                        if u.min_r <= r2 <= u.max_r and u.min_c <= c2 <= u.max_c:
+                            if r2 * c2 <= 4 * cm.W:
+                                moves.append(m)
+                for m in moves:
+                    t = self.try_move(u, m)[1]
+                    self.restore(base)
+                    if t < best * (1 - 1e-9) and (best_move is None or t < best_move[0]):
+                        best_move = (t, name, m)
+            if best_move is None:
+                break
+            best = self.try_move(self.by_name[best_move[1]], best_move[2])[1]
+        return best
+
     @staticmethod
     def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
         return a[0] < b[0] * (1 - 1e-9)
@@ -451,7 +502,7 @@ def greedy(
     elif len(units) > MULTI_START_UNITS:
         runs = runs[:1]
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
-    best: tuple[float, Layout, dict[str, Decision]] | None = None
+    best: tuple[float, Layout, dict[str, Decision], tuple[Any, ...]] | None = None
     for decisions, exact_ref in runs:
         search = Search(cm, units, progress, exact_ref)
         try:
@@ -469,20 +520,23 @@ def greedy(
     return GreedyResult(best[1], best[0], best[2], units)
 
 
-def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decision]]:
+def _descend(
+    search: Search, limit: int
+) -> tuple[float, Layout, dict[str, Decision], tuple[Any, ...]]:
     """Improve, re-pack the chosen grids heaviest first, improve again; the best by the
-    exact step time."""
+    exact step time, with the search's snapshot of it."""
     cm = search.cm
     search.improve(limit)
+    search.polish(rounds=min(POLISH_ROUNDS, limit))
     layout, dec = dict(search.layout), dict(search.decisions)
-    best = (cm.step_time(layout), layout, dec)
+    best = (cm.step_time(layout), layout, dec, search.snapshot())
     try:
         search.place_all(dec)
         search.improve(limit)
         layout = dict(search.layout)
         t = cm.step_time(layout)
         if t < best[0] * (1 - 1e-9):
-            best = (t, layout, dict(search.decisions))
+            best = (t, layout, dict(search.decisions), search.snapshot())
     except NoRoom:
         pass
     return best
