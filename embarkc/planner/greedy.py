@@ -96,6 +96,20 @@ class _Applied:
     uniform_load: float
     uniform_mem: float
 
+    def load_on(self, rank: int) -> float | None:
+        """What the unit's cells put on `rank` (None when none is there)."""
+        if rank not in self.rank_set:
+            return None
+        return float(self.load[self.ranks == rank].sum())
+
+    @property
+    def rank_set(self) -> frozenset[int]:
+        rs = self.__dict__.get("_rank_set")
+        if rs is None:
+            rs = frozenset(self.ranks.tolist())
+            self.__dict__["_rank_set"] = rs
+        return rs
+
 
 class Search:
     """Greedy placement state: proxy loads and memory per rank, plus the exact RankState."""
@@ -167,8 +181,9 @@ class Search:
             self.state.add_table(name, self.layout.pop(name), -1.0)
         del self.decisions[u.name]
 
-    def place(self, u: Unit, d: Decision) -> None:
-        """Place one unit with decision `d` on the current loads (raises NoRoom)."""
+    def place(self, u: Unit, d: Decision, ref: np.ndarray | None = None) -> None:
+        """Place one unit with decision `d` on the current loads (raises NoRoom); `ref`:
+        the rank times of the current state when the caller has them (it is consumed)."""
         cm = self.cm
         if d.kind == "dp":
             load, mem, placements = self._dp(u)
@@ -181,7 +196,7 @@ class Search:
         else:
             load_c, mem_c, templates = self._cells(u, d)
             order = np.argsort(-load_c, kind="stable")
-            ranks = self._assign(u, order, load_c, mem_c)
+            ranks = self._assign(u, order, load_c, mem_c, ref)
             placements = [(n, p.with_ranks(tuple(int(x) for x in ranks))) for n, p in templates]
             self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, 0.0)
         for name, p in placements:
@@ -190,7 +205,12 @@ class Search:
         self.decisions[u.name] = d
 
     def _assign(
-        self, u: Unit, order: np.ndarray, load_c: np.ndarray, mem_c: np.ndarray
+        self,
+        u: Unit,
+        order: np.ndarray,
+        load_c: np.ndarray,
+        mem_c: np.ndarray,
+        ref: np.ndarray | None = None,
     ) -> np.ndarray:
         cm = self.cm
         ranks = np.full(len(load_c), -1, dtype=np.int64)
@@ -199,7 +219,10 @@ class Search:
         free = cm.capacity - self.uniform_mem
         # rank times of the exact model without this unit (or the owner loads alone, in
         # the owner-load mode), plus what its cells add
-        ref = self.state.times() if self.exact_ref else self.loads.copy()
+        if not self.exact_ref:
+            ref = self.loads.copy()
+        elif ref is None:
+            ref = self.state.times()
         for idx in order:
             room = allowed & (self.mem + mem_c[idx] <= free)
             fresh = room & ~used
@@ -343,6 +366,24 @@ class Search:
             return self.comm_mode
         return current if r > 1 else "flat"
 
+    def scores(self, u: Unit, moves: list[Decision]) -> list[tuple[float, float]]:
+        """`try_move` of every move in `moves`, each from the current state, which is
+        restored afterwards; `u` is removed and the rank times without it computed once."""
+        base = self.snapshot()
+        self.remove(u)
+        without = self.snapshot()
+        ref = self.state.times() if self.exact_ref else None
+        out = []
+        for d in moves:
+            try:
+                self.place(u, d, None if ref is None else ref.copy())
+                out.append(self.score())
+            except NoRoom:
+                out.append((math.inf, math.inf))
+            self.restore(without)
+        self.restore(base)
+        return out
+
     def try_move(self, u: Unit, d: Decision) -> tuple[float, float]:
         """Score after re-placing `u` with `d` ((inf, inf) when it does not fit); kept."""
         self.remove(u)
@@ -376,12 +417,11 @@ class Search:
         for _ in range(rounds):
             crit = int(np.argmax(self.state.times()))
             on_crit = {
-                name: float(a.load[a.ranks == crit].sum())
+                name: load
                 for name, a in self.applied.items()
-                if (a.ranks == crit).any()
+                if (load := a.load_on(crit)) is not None
             }
             ranked = sorted(on_crit, key=lambda n: (-on_crit[n], cm.facts[n].index))
-            base = self.snapshot()
             best_move: tuple[float, str, Decision] | None = None
             for name in ranked[:top_units]:
                 u = self.by_name[name]
@@ -396,9 +436,7 @@ class Search:
                         if u.min_r <= r2 <= u.max_r and u.min_c <= c2 <= u.max_c:
                             if r2 * c2 <= 4 * cm.W:
                                 moves.append(m)
-                for m in moves:
-                    t = self.try_move(u, m)[1]
-                    self.restore(base)
+                for m, (_, t) in zip(moves, self.scores(u, moves), strict=True):
                     if t < best * (1 - 1e-9) and (best_move is None or t < best_move[0]):
                         best_move = (t, name, m)
             if best_move is None:
@@ -420,9 +458,9 @@ class Search:
             crit = int(np.argmax(times))
             on_crit: dict[str, float] = {}
             for name, a in self.applied.items():
-                hit = a.ranks == crit
-                if hit.any():
-                    on_crit[name] = float(a.load[hit].sum())
+                load = a.load_on(crit)
+                if load is not None:
+                    on_crit[name] = load
                 elif a.uniform_load > 0:
                     on_crit[name] = a.uniform_load
             ranked = sorted(on_crit, key=lambda n: (-on_crit[n], self.cm.facts[n].index))
@@ -436,12 +474,10 @@ class Search:
                 key=lambda n: self.cm.facts[n].index,
             )
             best_move: tuple[tuple[float, float], str, Decision] | None = None
-            base = self.snapshot()
             for name in ranked[:top_units] + lonely:
                 u = self.by_name[name]
-                for d in self.candidates(u, self.decisions[name]):
-                    sc = self.try_move(u, d)
-                    self.restore(base)
+                moves = self.candidates(u, self.decisions[name])
+                for d, sc in zip(moves, self.scores(u, moves), strict=True):
                     if self.better(sc, best) and (
                         best_move is None or self.better(sc, best_move[0])
                     ):
