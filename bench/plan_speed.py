@@ -71,10 +71,15 @@ def quality(cpsat: float) -> None:
                 f"| {name} | {nodes * 8} | {g.estimate.step_time * 1e3:.3f} | {best * 1e3:.3f} "
                 f"| {mean * 1e3:.3f} | {c.planner.status} | "
                 + " | ".join(cols)
-                + f" | {trw / best:.2f}x "
-                f"| {fixed / best:.2f}x | {cpu:.1f} | {wall:.1f} |",
+                + f" | {_ratio(trw, best)} "
+                f"| {_ratio(fixed, best)} | {cpu:.1f} | {wall:.1f} |",
                 flush=True,
             )
+
+
+def _ratio(baseline: float, best: float) -> str:
+    """`baseline / best` as `2.02x`, or n/a when the baseline does not fit."""
+    return "n/a" if baseline != baseline else f"{baseline / best:.2f}x"
 
 
 def main() -> None:
