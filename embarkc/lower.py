@@ -1263,13 +1263,14 @@ class Lowerer:
             if rmin * cmin > w:
                 self.error(
                     f"table {name} needs at least {rmin * cmin} shards ({rmin} x {cmin}) but the "
-                    f"cluster has {w} GPUs",
+                    f"cluster has {w} GPU{'s' if w != 1 else ''}",
                     span,
                 )
             elif c.within_node and rmin * cmin > g:
                 self.error(
                     f"table {name} must stay within one node but needs at least {rmin * cmin} "
-                    f"shards ({rmin} row x {cmin} column) and a node has {g} GPUs",
+                    f"shards ({rmin} row x {cmin} column) and a node has {g} "
+                    f"GPU{'s' if g != 1 else ''}",
                     span,
                     "lower the shard minimums or drop `within_node`",
                 )
