@@ -673,7 +673,8 @@ class _Sharded:
         a = self.args
         start, source = self._resume()
         self.log.say(
-            f"{self.program.name}: {self.world} ranks, backend {self.dist.get_backend()}, "
+            f"{self.program.name}: {self.world} rank{'s' if self.world != 1 else ''}, "
+            f"backend {self.dist.get_backend()}, "
             f"{self.kernel_note}, device {self.device.type}; data {self.data.description}; "
             + (f"resumed from {source} at step {start}" if source else "starting at step 0")
         )

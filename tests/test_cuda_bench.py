@@ -67,3 +67,61 @@ def test_harness_passes_with_the_torch_path_on_cpu(capsys):
     out = capsys.readouterr().out
     assert "| bucketize | int64 range R=64 | 0.00e+00 | ok |" in out
     assert "all checks passed" in out
+
+
+def _trainer_check():
+    spec = importlib.util.spec_from_file_location("trainer_check", RUN.parent / "trainer_check.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["trainer_check"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_trainer_checks_spec_is_tiny_on_one_gpu():
+    """bench/gpu/tiny1.embark has specs/tiny.embark's tables, features and model."""
+    from embarkc.frontend import load_program
+
+    one, tiny = (
+        load_program(str(RUN.parent / "tiny1.embark")),
+        load_program(str(ROOT / "specs" / "tiny.embark")),
+    )
+
+    from embarkc.planner import _strip_spans
+
+    def strip(x):
+        return _strip_spans(x.model_dump(mode="json"))
+
+    for a, b in ((one.tables, tiny.tables), (one.features, tiny.features)):
+        assert [strip(m) for m in a] == [strip(m) for m in b]
+    assert strip(one.model) == strip(tiny.model)
+    assert (one.topology.nodes, one.topology.gpus_per_node) == (1, 1)
+
+
+@pytest.mark.slow
+def test_trainer_check_passes_on_the_cpu(tmp_path, monkeypatch):
+    """The GPU trainer section, run on the CPU: compiles tiny1, trains it in exact and
+    fp32 mode against the reference and resumes a checkpoint; every check passes."""
+    check = _trainer_check()
+    monkeypatch.setattr(check, "BUILT", tmp_path / "none")  # compile afresh, not prepare.sh's
+    lines, failed = check.run_checks("cpu", steps=12)
+    text = "\n".join(lines)
+    assert failed == 0, text
+    for what in (
+        "ok: exact: runs on backend gloo",
+        "ok: exact: the reference's tables (max difference 0)",
+        "ok: kernels: the reference's first 10 losses",
+        "ok: resume from step 10: the uninterrupted run's tables",
+    ):
+        assert what in text, text
+
+
+def test_trainer_check_without_cuda_or_program_says_why(monkeypatch, tmp_path):
+    check = _trainer_check()
+    if not torch.cuda.is_available():
+        with pytest.raises(check.CannotRun, match="no CUDA device"):
+            check.run_checks("cuda", steps=12)
+    monkeypatch.setattr(check, "BUILT", tmp_path / "none")
+    monkeypatch.setitem(sys.modules, "embarkc.cli", None)  # embarkc does not import
+    with pytest.raises(check.CannotRun, match="bench/gpu/prepare.sh"):
+        check.program_dir(tmp_path)

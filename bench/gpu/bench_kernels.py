@@ -7,7 +7,9 @@
 2. time: CUDA-event timings at sizes several times the L2 cache (H100 50 MB, H200 60 MB):
    the pooled forward at dim 128 against the measured device-to-device copy bandwidth, and
    forward + backward (+ fused update) against torch.nn.EmbeddingBag and, where importable,
-   FBGEMM's table-batched embedding.
+   FBGEMM's table-batched embedding;
+3. trainer: bench/gpu/trainer_check.py, the generated train.py of a one-GPU spec on the
+   device (NCCL, the generated kernels, --exact, a resume) against its CPU reference.
 
 Prints markdown tables (also written to --out). Exit code 0 when every check passes, 1 when
 one fails, 2 without a CUDA device (0 with --allow-no-gpu, after rendering the kernels).
@@ -33,7 +35,8 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SNAPSHOT = Path(__file__).resolve().parent / "kernels"
+HERE = Path(__file__).resolve().parent
+SNAPSHOT = HERE / "kernels"
 
 
 def _bootstrap() -> None:
@@ -587,6 +590,40 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, copy_bw, device
         guarded("FBGEMM TBE", fbgemm)
 
 
+# ----------------------------------------------------------------------------- trainer
+
+
+def trainer_section(rep: Report, device: str, steps: int = 30) -> None:
+    """bench/gpu/trainer_check.py's checks, into the report (a check that cannot run is
+    said so, and counted as failed: the script is meant to run them all)."""
+    spec = importlib.util.spec_from_file_location("trainer_check", HERE / "trainer_check.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["trainer_check"] = mod
+    spec.loader.exec_module(mod)
+    rep.out("## The generated trainer on the device")
+    rep.out()
+    try:
+        lines, failed = mod.run_checks(device, steps)
+    except mod.CannotRun as e:
+        rep.out(f"**not run**: {e}")
+        rep.failed += 1
+        rep.out()
+        return
+    except Exception:  # the section is guarded like the others: report, go on
+        rep.out("**FAILED** with an exception:")
+        rep.out("```")
+        rep.out(traceback.format_exc().rstrip())
+        rep.out("```")
+        rep.failed += 1
+        rep.out()
+        return
+    for line in lines:
+        rep.out(line)
+    rep.failed += failed
+    rep.out()
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -602,7 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the harness on the CPU with the torch path (tests only)",
     )
-    ap.add_argument("--sections", default="check,time", help="comma-separated: check,time")
+    ap.add_argument(
+        "--sections", default="check,time,trainer", help="comma-separated: check,time,trainer"
+    )
     ap.add_argument("--out", type=Path, help="also write the markdown report here")
     ap.add_argument(
         "--write-snapshot",
@@ -664,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(cand, "poison"):
             cand.poison = False  # timings without the NaN fills
         time_all(rep, cand, ref, device, small)
+    if "trainer" in sections:
+        trainer_section(rep, "cpu" if args.self_test_cpu else "cuda")
     fallbacks = getattr(cand, "fallbacks", {})
     if fallbacks:
         rep.out(
