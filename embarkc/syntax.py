@@ -5,17 +5,22 @@ every token (keywords and punctuation included, so that the formatter can reprin
 `parts(tree)` gives the meaningful children (subtrees and NAME/NUMBER/UNIT/STRING
 tokens). Every tree has `meta` positions and every token its line and column.
 
-Syntax errors become an `EmbarkError` with one diagnostic: the unexpected token, the
-tokens that were expected in readable form ("expected one of `dim`, `rows`, `}`") and a
-did-you-mean hint when a misspelt keyword is close to an expected one. Text that is not
+Syntax errors become an `EmbarkError`: the unexpected token, the tokens that were
+expected in readable form ("expected one of `dim`, `rows`, `}`") and a did-you-mean hint
+when a misspelt keyword is close to an expected one. After the first error, each later
+top-level item (`table`, `model`, ... at brace depth 0) is parsed on its own and its first
+error reported too, at most `MAX_SYNTAX_ERRORS` in all; when the braces do not balance or
+the first error is the end of the file, only the first error is reported. Text that is not
 a spec at all (binary, NUL bytes, larger than `MAX_SOURCE_BYTES`) is rejected before
 parsing with a diagnostic too; nothing here raises anything but `EmbarkError`.
 """
 
 from __future__ import annotations
 
+import re
 import stat
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -28,6 +33,9 @@ from embarkc.diagnostics import Diagnostic, EmbarkError, Span, did_you_mean
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 """Specs are hand-written: anything bigger is a mistake (a data file passed as a spec)."""
+
+MAX_SYNTAX_ERRORS = 20
+"""Syntax errors reported for one file (one per top-level item); more would only scroll."""
 
 MAX_EXPECTED_SHOWN = 16
 """Longer "expected one of" lists (after a number, LALR merges states) help nobody."""
@@ -172,7 +180,8 @@ def parse_with_comments(text: str, filename: str = "<spec>") -> tuple[Tree, list
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as e:
-        raise EmbarkError(_diagnostic(e, text, filename), {filename: text}) from None
+        first = _diagnostic(e, text, filename)
+        raise EmbarkError([first, *_later_errors(e, text, filename)], {filename: text}) from None
     except RecursionError:
         raise EmbarkError(
             Diagnostic("spec is nested too deeply to parse", Span.of_file(filename)),
@@ -196,6 +205,88 @@ def parse_with_comments(text: str, filename: str = "<spec>") -> tuple[Tree, list
     ]
     _COMMENTS.clear()
     return tree, comments
+
+
+_SCAN = re.compile(r'"([^"\\\n]|\\.)*"|#[^\n]*|\w+(-\w+)*|\s+|.')
+"""Strings, comments, words (names, keywords, numbers), spaces, any other character."""
+
+
+def _items(text: str) -> list[int] | None:
+    """Start offsets of the top-level items (an `_item` keyword at brace depth 0 that is
+    not a name after `table`, `tables` or `feature`); None when the braces do not balance
+    or a string is unterminated (the boundaries would be guesses)."""
+    starts: list[int] = []
+    depth = 0
+    prev = ""
+    for m in _SCAN.finditer(text):
+        tok = m.group()
+        if tok == '"':
+            return None
+        if tok.isspace() or tok.startswith("#"):
+            continue
+        depth += (tok == "{") - (tok == "}")
+        if depth < 0:
+            return None
+        if depth == 0 and tok in _TOP_LEVEL and prev not in ("table", "tables", "feature"):
+            starts.append(m.start())
+        prev = tok
+    return starts if depth == 0 else None
+
+
+def _error_pos(e: UnexpectedInput) -> int | None:
+    """Offset of the unexpected token or character; None at the end of the file."""
+    if isinstance(e, UnexpectedToken) and e.token.type != "$END":
+        return e.token.start_pos or 0
+    if isinstance(e, UnexpectedCharacters):
+        return e.pos_in_stream or 0
+    return None
+
+
+def _later_errors(first: UnexpectedInput, text: str, filename: str) -> list[Diagnostic]:
+    """The first syntax error of each top-level item after the one holding `first`.
+
+    The items are independent (`start: _item*`), so parsing the text from the next item's
+    keyword finds the first error of the first faulty item after it, exactly as if that
+    item were alone (an error at an item's keyword belongs to the item before). Parsing
+    resumes at the item after each error; positions are shifted back to the whole file."""
+    pos = _error_pos(first)
+    starts = _items(text) if pos is not None else None
+    out: list[Diagnostic] = []
+    while starts and pos is not None and len(out) < MAX_SYNTAX_ERRORS - 1:
+        i = bisect_left(starts, pos)
+        if i == len(starts):
+            break
+        start = starts[i]
+        rest = text[start:]
+        _COMMENTS.clear()
+        try:
+            _parser().parse(rest)
+            break
+        except UnexpectedInput as e:
+            out.append(_shifted(_diagnostic(e, rest, filename), text, start))
+            at = _error_pos(e)
+            pos = None if at is None else start + max(at, 1)
+        except RecursionError:
+            break
+    _COMMENTS.clear()
+    return out
+
+
+def _shifted(d: Diagnostic, text: str, start: int) -> Diagnostic:
+    """`d`, found in `text[start:]`, with its span moved to its place in `text`."""
+    lines = text.count("\n", 0, start)
+    cols = start - (text.rfind("\n", 0, start) + 1)
+    s = d.span
+    if s.line <= 0:
+        return d
+    span = Span(
+        s.file,
+        s.line + lines,
+        s.col + (cols if s.line == 1 else 0),
+        s.end_line + lines,
+        s.end_col + (cols if s.end_line == 1 else 0),
+    )
+    return replace(d, span=span)
 
 
 _IDENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")

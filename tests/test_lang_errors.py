@@ -15,6 +15,7 @@ import pytest
 from embarkc.cli import main
 from embarkc.diagnostics import EXIT_USER_ERROR, EmbarkError
 from embarkc.frontend import load_program
+from embarkc.syntax import MAX_SYNTAX_ERRORS, parse
 
 CASES = Path(__file__).resolve().parent / "golden_errors"
 SPECS = sorted(p.name for p in CASES.glob("*.embark"))
@@ -38,7 +39,9 @@ def test_golden_error(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert got == expected_path.read_text()
 
 
-@pytest.mark.parametrize("name", ["field_misspelt.embark", "several_errors.embark"])
+@pytest.mark.parametrize(
+    "name", ["field_misspelt.embark", "several_errors.embark", "syntax_errors_in_two_blocks.embark"]
+)
 def test_cli_prints_diagnostics_and_exits_2(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -47,3 +50,38 @@ def test_cli_prints_diagnostics_and_exits_2(
     err = capsys.readouterr().err
     assert err == (CASES / name.replace(".embark", ".err")).read_text()
     assert "Traceback" not in err
+
+
+def _syntax_errors(text: str) -> list[tuple[int, str]]:
+    with pytest.raises(EmbarkError) as info:
+        parse(text, "t.embark")
+    return [(d.span.line, d.message.split(";")[0]) for d in info.value.diagnostics]
+
+
+def test_one_syntax_error_per_top_level_item_in_source_order() -> None:
+    text = (
+        "table a { rows x }\n"
+        "include\n"  # incomplete: the error is at the next item's keyword
+        "table b { rows 1 }\n"
+        "table model { rowz 1 }  model { batch 1 dimm 3 dimm 4 }\n"  # `model` names a table
+    )
+    assert _syntax_errors(text) == [
+        (1, "unexpected `x`"),
+        (3, "unexpected `table`"),
+        (4, "unexpected `rowz`"),
+        (4, "unexpected `dimm`"),
+    ]
+
+
+def test_syntax_errors_stop_where_item_boundaries_are_guesses() -> None:
+    after = "\nmodel { batchh 1 }\n"
+    assert len(_syntax_errors('include "abc' + after)) == 1  # unterminated string
+    assert len(_syntax_errors("table a { rowz 1 } }" + after)) == 1  # extra `}`
+    assert len(_syntax_errors("table a { rowz 1 " + after)) == 1  # missing `}`
+
+
+def test_syntax_errors_are_capped() -> None:
+    text = "".join(f"table t{i} {{ rowz 1 }}\n" for i in range(MAX_SYNTAX_ERRORS + 5))
+    errors = _syntax_errors(text)
+    assert len(errors) == MAX_SYNTAX_ERRORS
+    assert [line for line, _ in errors] == list(range(1, MAX_SYNTAX_ERRORS + 1))
