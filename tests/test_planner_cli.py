@@ -80,6 +80,23 @@ def test_explain_lists_every_alternative_with_a_verdict(capsys):
     assert "slower by" in section or "does not fit" in section
 
 
+def test_explain_names_the_chosen_grid_of_a_row_split_table(tmp_path, capsys):
+    """The plan's own row comes first with its real grid (R row shards x C column cells),
+    also for a table split by rows only."""
+    text = (
+        Path(TINY)
+        .read_text()
+        .replace("  seed 0\n", "  seed 0\n  table item { row_shards 2 column_shards 1 }\n")
+    )
+    spec = tmp_path / "split.embark"
+    spec.write_text(text)
+    assert main(["plan", str(spec), "--solver", "greedy", "--explain", "item"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("explain item") :].splitlines()
+    chosen = next(line for line in section if line.rstrip().endswith("chosen"))
+    assert chosen.split()[:2] == ["rb", "2x1"] or chosen.split()[:2] == ["ub", "2x1"], chosen
+
+
 def test_explain_of_an_unknown_table_is_a_user_error(capsys):
     assert main(["plan", TINY, "--solver", "greedy", "--explain", "itme"]) == 2
     err = capsys.readouterr().err

@@ -68,7 +68,9 @@ def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, An
         t = s.times()
         m = s.memory()
         comp = s.components()
-        grid = "-" if p.kind == "dp" else f"{p.row_shards}x{p.column_shards or len(p.cell_list())}"
+        # a plan read from a file spells its cells out (no widths): cells per row shard
+        cols = p.column_shards or p.cells // max(p.row_shards, 1)
+        grid = "-" if p.kind == "dp" else f"{p.row_shards}x{cols}"
         row = {
             "kind": p.kind,
             "grid": grid,
