@@ -212,12 +212,15 @@ _SCAN = re.compile(r'"([^"\\\n]|\\.)*"|#[^\n]*|\w+(-\w+)*|\s+|.')
 
 
 def _items(text: str) -> list[int] | None:
-    """Start offsets of the top-level items (an `_item` keyword at brace depth 0 that is
-    not a name after `table`, `tables` or `feature`); None when the braces do not balance
-    or a string is unterminated (the boundaries would be guesses)."""
+    """Start offsets of the top-level items: an `_item` keyword at brace depth 0 that is
+    not a name after `table`, `tables` or `feature`, and any word where an item must
+    begin (the file's first, the first after a block's closing `}` or an include's
+    string), so that a misspelt item keyword starts an item of its own. None when the
+    braces do not balance or a string is unterminated (the boundaries would be guesses)."""
     starts: list[int] = []
     depth = 0
     prev = ""
+    item_due = True
     for m in _SCAN.finditer(text):
         tok = m.group()
         if tok == '"':
@@ -227,8 +230,11 @@ def _items(text: str) -> list[int] | None:
         depth += (tok == "{") - (tok == "}")
         if depth < 0:
             return None
-        if depth == 0 and tok in _TOP_LEVEL and prev not in ("table", "tables", "feature"):
-            starts.append(m.start())
+        if depth == 0:
+            keyword = tok in _TOP_LEVEL and prev not in ("table", "tables", "feature")
+            if keyword or (item_due and (tok[0].isalpha() or tok[0] == "_")):
+                starts.append(m.start())
+            item_due = tok == "}" or (prev == "include" and tok.startswith('"'))
         prev = tok
     return starts if depth == 0 else None
 
@@ -247,13 +253,19 @@ def _later_errors(first: UnexpectedInput, text: str, filename: str) -> list[Diag
 
     The items are independent (`start: _item*`), so parsing the text from the next item's
     keyword finds the first error of the first faulty item after it, exactly as if that
-    item were alone (an error at an item's keyword belongs to the item before). Parsing
-    resumes at the item after each error; positions are shifted back to the whole file."""
+    item were alone (an error at an item's keyword belongs to the item before; an error
+    at a word that starts an item but is no item keyword, a misspelt `tabel`, is that
+    item's own). Parsing resumes at the item after each error; positions are shifted back
+    to the whole file."""
     pos = _error_pos(first)
     starts = _items(text) if pos is not None else None
     out: list[Diagnostic] = []
     while starts and pos is not None and len(out) < MAX_SYNTAX_ERRORS - 1:
         i = bisect_left(starts, pos)
+        if i < len(starts) and starts[i] == pos:
+            word = re.match(r"\w+", text[pos:])
+            if word is None or word.group() not in _TOP_LEVEL:
+                i += 1
         if i == len(starts):
             break
         start = starts[i]
