@@ -17,12 +17,15 @@ global batch; each rank's share is the sum over its samples divided by the globa
 and the dense gradients are SUM-all-reduced (embark_runtime.dense). Trained weights agree
 with the reference up to floating-point summation order.
 
-`--exact` removes the summation order from the comparison: the embedding sums and the
-values on the wire are fp64 (TorchKernels(torch.float64), also on CUDA), the dense model
-runs in fp64, and every embedding gradient is rounded to fp32 once before the table's
-optimizer. The sharded run then trains the same fp32 tables as `--reference --exact`
-(bit for bit on tiny.embark, whose adagrad and adam amplify fp32 rounding differences
-until the runs drift apart), at twice the communicated bytes and fp64 dense compute.
+`--numerics exact` (`--exact`) removes the summation order from the comparison: the
+embedding sums and the values on the wire are fp64 (TorchKernels(torch.float64), also on
+CUDA), the dense model runs in fp64, and every embedding gradient is rounded to fp32 once
+before the table's optimizer. The sharded run then trains the same fp32 tables as the
+exact reference (bit for bit on tiny.embark, whose adagrad and adam amplify fp32
+rounding differences until the runs drift apart), at twice the communicated bytes and
+fp64 dense compute. It is the default (`--numerics auto`) on the CPU, where runs are for
+development and checking, and for `--reference`; on CUDA the default is fp32 with the
+generated kernels. The start line says which.
 
 Fault tolerance: checkpoints are written atomically every `--checkpoint-every` steps
 (embark_runtime.checkpoint); `--resume` continues from the latest one, also after torchrun
@@ -181,10 +184,16 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-overlap", action="store_true", help="do not prefetch the next batch")
     p.add_argument(
-        "--exact",
-        action="store_true",
-        help="fp64 sums, wire values and dense model (torch kernels): the sharded run equals "
-        "--reference --exact whatever the summation order; twice the communicated bytes",
+        "--numerics",
+        choices=("auto", "exact", "fp32"),
+        default="auto",
+        help="exact: fp64 sums, wire values and dense model (torch kernels), so that the "
+        "sharded run equals the reference whatever the summation order, at twice the "
+        "communicated bytes; fp32: the production path (the generated kernels on CUDA); "
+        "auto (default): exact on the CPU and for --reference, fp32 on CUDA",
+    )
+    p.add_argument(
+        "--exact", dest="numerics", action="store_const", const="exact", help="--numerics exact"
     )
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -404,7 +413,8 @@ class _Reference:
         self.program, self.plan, self.args = program, plan, args
         self.device = torch.device("cpu")
         self.data = _Data(program, plan, args)
-        self.dtype = torch.float64 if args.exact else torch.float32
+        self.exact = args.numerics != "fp32"
+        self.dtype = torch.float64 if self.exact else torch.float32
         self.embeddings = ReferenceEmbeddings(plan, seed=args.seed, accum=self.dtype)
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
@@ -419,7 +429,7 @@ class _Reference:
         a = self.args
         self.log.say(
             f"{self.program.name}: reference run, unsharded, one process"
-            f"{', exact (fp64 sums)' if a.exact else ''}; data {self.data.description}"
+            f", {'exact (fp64 sums)' if self.exact else 'fp32'}; data {self.data.description}"
         )
         for step in range(a.steps):
             t0 = time.perf_counter()
@@ -591,7 +601,8 @@ class _Sharded:
         _join_restarted_job(self.device)
         self.comm = init_distributed(plan, device=str(self.device))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        kernels, self.kernel_note = _kernels(program, self.device, args.exact)
+        exact = args.numerics == "exact" or (args.numerics == "auto" and self.device.type != "cuda")
+        kernels, self.kernel_note = _kernels(program, self.device, exact)
 
         from embark_runtime.embedding import ShardedEmbeddings
 
@@ -605,7 +616,7 @@ class _Sharded:
             overlap=not args.no_overlap,
             comm=self.comm,
         )
-        self.dtype = torch.float64 if args.exact else torch.float32
+        self.dtype = torch.float64 if exact else torch.float32
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.device, self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.data = _Data(program, plan, args)

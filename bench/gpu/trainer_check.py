@@ -6,8 +6,9 @@ cluster kind) compiled by `embarkc compile`, then its train.py run in one proces
 1. exact: `train.py --device cuda --exact` (NCCL, fp64 sums by the torch kernels on the
    GPU) against `train.py --reference --exact` on the CPU: every table equal (the maximum
    difference is reported; 0 is expected), losses within 1e-9;
-2. kernels: `train.py --device cuda` (NCCL and the generated CUDA kernels, each checked
-   against the torch path on its first call) against `--reference`: the start line names
+2. kernels: `train.py --device cuda --numerics fp32` (NCCL and the generated CUDA
+   kernels, each checked against the torch path on its first call) against `--reference
+   --numerics fp32`: the start line names
    the generated kernels, the first 10 losses agree within 1e-5 (later ones drift apart by
    fp32 summation order under adagrad and adam, see train.py --exact), the loss falls;
 3. resume: the kernels run checkpointed every 10 steps, resumed from step 10 in a new
@@ -140,10 +141,11 @@ class Checker:
         self.check("exact: the reference's losses", dl <= 1e-9, f"max difference {dl:.3g}")
         # 2. the generated kernels (fp32) against the fp32 reference
         ck = self.work / "ckpt"
+        fp32 = ("--numerics", "fp32")
         out, log_k, npz_k = self.train(
-            "kernels", *dev, "--checkpoint-dir", str(ck), "--checkpoint-every", "10"
+            "kernels", *dev, *fp32, "--checkpoint-dir", str(ck), "--checkpoint-every", "10"
         )
-        _, log_f, npz_f = self.train("reference", "--reference")
+        _, log_f, npz_f = self.train("reference", "--reference", *fp32)
         if on_gpu:
             self.check(
                 "kernels: the generated CUDA kernels ran",
@@ -164,7 +166,7 @@ class Checker:
             f"most {max_diff(npz_k, npz_f):.3g} (fp32 summation order, see --exact)"
         )
         # 3. resume from the step-10 checkpoint in a new process
-        _, _, npz_c = self.train("resumed", *dev, "--resume", str(ck / "step-10"))
+        _, _, npz_c = self.train("resumed", *dev, *fp32, "--resume", str(ck / "step-10"))
         d = max_diff(npz_k, npz_c)
         self.check(
             "resume from step 10: the uninterrupted run's tables",
