@@ -43,8 +43,11 @@ def permute(ranks: np.ndarray, rows: int, table_index: int = 0) -> np.ndarray:
 
 
 def row_shard_of(keys: np.ndarray, rows: int, row_shards: int, partition: str) -> np.ndarray:
-    """Row shard of each key under the plan's row partition (`mod` or `range`)."""
-    k = np.asarray(keys, dtype=np.int64)
+    """Row shard of each key under the plan's row partition (`mod` or `range`), in the
+    keys' signed integer dtype (int32 keys are not copied to int64 first), else int64."""
+    k = np.asarray(keys)
+    if k.dtype.kind != "i":
+        k = k.astype(np.int64)
     if partition == "mod":
         return k % row_shards
     block = -(-rows // row_shards)

@@ -140,10 +140,7 @@ def access_stats(
         sh = np.zeros(k, dtype=np.int64)
     else:
         key = _head_keys(rows, table_index, k) if permuted else ranks
-        if partition == "mod":
-            sh = (key % r).astype(np.int64, copy=False)  # keymod.row_shard_of, in key's dtype
-        else:
-            sh = keymod.row_shard_of(key, rows, r, partition)
+        sh = keymod.row_shard_of(key, rows, r, partition)
         q = np.bincount(sh, p, minlength=r)
         d = np.stack([np.bincount(sh, head_d[i], minlength=r) for i in range(len(ns))])
     if rows > k:
