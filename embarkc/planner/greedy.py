@@ -323,7 +323,11 @@ class Search:
         self.state.counts = dict(counts)
 
     # ------------------------------------------------------------------ moves
-    def candidates(self, u: Unit, d: Decision) -> list[Decision]:
+    def candidates(
+        self, u: Unit, d: Decision, extra_grids: tuple[tuple[int, int], ...] = ()
+    ) -> list[Decision]:
+        """The moves of unit `u` now at `d`: re-placed, neighbouring grids (and
+        `extra_grids`), the other kinds and, for rb, the other communication."""
         cm = self.cm
         out: list[Decision] = []
         if d.kind != "dp":
@@ -343,6 +347,7 @@ class Search:
             (d.r, d.c - 1),
             (d.r // 2, 2 * d.c),
             (2 * d.r, d.c // 2),
+            *extra_grids,
         }
         for r2, c2 in sorted(grids):
             if (r2, c2) == (d.r, d.c) or not (u.min_r <= r2 <= u.max_r):
@@ -425,17 +430,7 @@ class Search:
             best_move: tuple[float, str, Decision] | None = None
             for name in ranked[:top_units]:
                 u = self.by_name[name]
-                d = self.decisions[name]
-                moves = self.candidates(u, d)
-                if d.kind != "dp":
-                    seen = {(m.kind, m.r, m.c, m.comm) for m in moves}
-                    for r2, c2 in POLISH_GRIDS:
-                        m = replace(d, r=r2, c=c2, comm=self._comm(r2, d.comm))
-                        if (m.kind, m.r, m.c, m.comm) in seen:
-                            continue
-                        if u.min_r <= r2 <= u.max_r and u.min_c <= c2 <= u.max_c:
-                            if r2 * c2 <= 4 * cm.W:
-                                moves.append(m)
+                moves = self.candidates(u, self.decisions[name], POLISH_GRIDS)
                 for m, (_, t) in zip(moves, self.scores(u, moves), strict=True):
                     if t < best * (1 - 1e-9) and (best_move is None or t < best_move[0]):
                         best_move = (t, name, m)
@@ -538,7 +533,7 @@ def greedy(
     elif len(units) > MULTI_START_UNITS:
         runs = runs[:1]
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
-    best: tuple[float, Layout, dict[str, Decision], tuple[Any, ...]] | None = None
+    best: tuple[float, Layout, dict[str, Decision]] | None = None
     for decisions, exact_ref in runs:
         search = Search(cm, units, progress, exact_ref)
         try:
@@ -556,23 +551,21 @@ def greedy(
     return GreedyResult(best[1], best[0], best[2], units)
 
 
-def _descend(
-    search: Search, limit: int
-) -> tuple[float, Layout, dict[str, Decision], tuple[Any, ...]]:
-    """Improve, re-pack the chosen grids heaviest first, improve again; the best by the
-    exact step time, with the search's snapshot of it."""
+def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decision]]:
+    """Improve and polish, re-pack the chosen grids heaviest first, improve again; the best
+    by the exact step time."""
     cm = search.cm
     search.improve(limit)
     search.polish(rounds=min(POLISH_ROUNDS, limit))
     layout, dec = dict(search.layout), dict(search.decisions)
-    best = (cm.step_time(layout), layout, dec, search.snapshot())
+    best = (cm.step_time(layout), layout, dec)
     try:
         search.place_all(dec)
         search.improve(limit)
         layout = dict(search.layout)
         t = cm.step_time(layout)
         if t < best[0] * (1 - 1e-9):
-            best = (t, layout, dict(search.decisions), search.snapshot())
+            best = (t, layout, dict(search.decisions))
     except NoRoom:
         pass
     return best
