@@ -114,7 +114,7 @@ class Cluster:
         self.name = cluster.name
         self.comm = comm
         self.kernels = kernels
-        self.acc: torch.dtype = getattr(kernels, "accum", F32)
+        self.acc: torch.dtype = kernels.accum
         """dtype of pooled results, gradients and every value buffer sent (kernels.accum)"""
         self.device = device
         self.partition = plan.row_partition

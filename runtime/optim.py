@@ -63,7 +63,7 @@ def apply_update(
         return
     unique, inverse = kernels.dedup(rows)
     if unique.numel() != rows.numel():
-        acc = torch.float64 if grads.dtype == torch.float64 else torch.float32
+        acc = kernels.accum
         summed = torch.zeros(unique.numel(), grads.shape[1], dtype=acc, device=grads.device)
         kernels.scatter_add_rows(summed, inverse, grads.to(acc))
         rows, grads = unique, summed

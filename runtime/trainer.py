@@ -413,7 +413,7 @@ class _Reference:
         self.program, self.plan, self.args = program, plan, args
         self.device = torch.device("cpu")
         self.data = _Data(program, plan, args)
-        self.exact = args.numerics != "fp32"
+        self.exact = _exact(args, self.device)
         self.dtype = torch.float64 if self.exact else torch.float32
         self.embeddings = ReferenceEmbeddings(plan, seed=args.seed, accum=self.dtype)
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.dtype)
@@ -519,6 +519,11 @@ def _device(args: argparse.Namespace) -> torch.device:
     return torch.device("cpu")
 
 
+def _exact(args: argparse.Namespace, device: torch.device) -> bool:
+    """Whether to train in exact numerics: `--numerics exact`, or auto off CUDA."""
+    return args.numerics == "exact" or (args.numerics == "auto" and device.type != "cuda")
+
+
 def _kernels(program: TrainProgram, device: torch.device, exact: bool) -> tuple[Any, str]:
     """The kernel implementation for `device` and a phrase saying which it is."""
     if exact:
@@ -601,7 +606,7 @@ class _Sharded:
         _join_restarted_job(self.device)
         self.comm = init_distributed(plan, device=str(self.device))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        exact = args.numerics == "exact" or (args.numerics == "auto" and self.device.type != "cuda")
+        exact = _exact(args, self.device)
         kernels, self.kernel_note = _kernels(program, self.device, exact)
 
         from embark_runtime.embedding import ShardedEmbeddings
