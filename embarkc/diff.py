@@ -179,6 +179,12 @@ def _get(obj: Any, key: str) -> Any:
     return value
 
 
+def _lacks_our_fields(plan: Plan) -> bool:
+    """Whether the plan's estimate is the contract's alone (another tool wrote it)."""
+    est = plan.estimate
+    return _extra(est, "components") is None or _extra(est, "per_table") is None
+
+
 def view_of(plan: Plan, program: Program | None = None) -> PlanView:
     """Costs of `plan`: its own estimate fields (when they cost this layout), else a
     re-costing with `program`, else the contract fields (step_time, per_rank time and
@@ -188,7 +194,7 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
     est = plan.estimate
     source: Literal["plan", "cost model", "contract", "stale"] = "plan"
     estimate: Any = est
-    lacks = _extra(est, "components") is None or _extra(est, "per_table") is None
+    lacks = _lacks_our_fields(plan)
     if lacks or estimate_is_stale(plan):
         if program is not None:
             estimate, source = _recost(program, plan), "cost model"
@@ -556,9 +562,7 @@ def program_of_plan(plan: Plan) -> Program | None:
 
     from embarkc.planner import estimate_is_stale
 
-    est = plan.estimate
-    lacks = _extra(est, "components") is None or _extra(est, "per_table") is None
-    if not lacks and not estimate_is_stale(plan):
+    if not _lacks_our_fields(plan) and not estimate_is_stale(plan):
         return None
     spec = Path(plan.source.spec)
     try:

@@ -15,13 +15,18 @@ ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "bench" / "gpu" / "run.sh"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_kernels", RUN.parent / "bench_kernels.py")
+def _load(name: str):
+    """bench/gpu/<name>.py as the module `name` (bench/gpu is no package)."""
+    spec = importlib.util.spec_from_file_location(name, RUN.parent / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_kernels"] = mod  # dataclasses look their module up there
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+def _bench():
+    return _load("bench_kernels")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: run.sh would run")
@@ -70,12 +75,7 @@ def test_harness_passes_with_the_torch_path_on_cpu(capsys):
 
 
 def _trainer_check():
-    spec = importlib.util.spec_from_file_location("trainer_check", RUN.parent / "trainer_check.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["trainer_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("trainer_check")
 
 
 def test_the_trainer_checks_spec_is_tiny_on_one_gpu():
