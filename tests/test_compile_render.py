@@ -245,6 +245,8 @@ def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
         (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
         (["--resume"], "needs --checkpoint-dir"),
         (["--steps", "-1"], "--steps must not be negative"),
+        (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
+        (["--keep-checkpoints", "-1"], "--keep-checkpoints must not be negative"),
         (["--data", "/nonexistent/day_0"], "no such file"),
         (["--reference", "--checkpoint-dir", "c"], "does not write or read checkpoints"),
     ],
@@ -252,6 +254,13 @@ def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
 def test_trainer_option_mistakes_are_reported_cleanly(out_a, monkeypatch, capsys, args, message):
     code, err = _train(out_a, monkeypatch, capsys, *args)
     assert code == 2 and message in err
+
+
+def test_an_unknown_numerics_is_refused_by_the_parser(out_a, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as info:
+        _train(out_a, monkeypatch, capsys, "--numerics", "fp16")
+    assert info.value.code == 2
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
 def test_launch_sh_runs_torchrun_for_the_topology(out_a):
