@@ -511,3 +511,13 @@ def test_init_distributed_picks_the_backend_from_the_device(monkeypatch, device,
     with pytest.raises(Joined):
         comm_mod.init_distributed(_mixed_plan(), device=device)
     assert chosen == [backend]
+
+
+def test_row_shard_of_keeps_int32_keys_int32_with_the_int64_answer():
+    keys = np.array([0, 5, 17, 2**31 - 2], dtype=np.int64)
+    for partition in ("mod", "range"):
+        wide = row_shard_of(keys, 2**31 - 1, 3, partition)
+        narrow = row_shard_of(keys.astype(np.int32), 2**31 - 1, 3, partition)
+        assert wide.dtype == np.int64 and narrow.dtype == np.int32
+        assert narrow.tolist() == wide.tolist()
+    assert row_shard_of([4, 5], 10, 2, "mod").dtype == np.int64  # lists become int64
