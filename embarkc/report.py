@@ -100,7 +100,9 @@ def _table_rank_work(plan: Plan, program: Program | None) -> tuple[dict[str, np.
                 cells[0].row_shards,
                 tuple((s.row_shard, s.columns[0], s.columns[1]) for s in cells),
             )
-            np.add.at(row, [s.rank for s in cells], cost.owner_seconds(cm, cv))
+            cluster = plan.cluster_of(t.name)
+            hier = cluster.kind == "rb" and cluster.communication == "hierarchical"
+            np.add.at(row, [s.rank for s in cells], cost.owner_seconds(cm, cv, hier))
         else:
             for s in cells:
                 row[s.rank] += plan.row_count(t.name, s.row_shard, s.row_shards) * s.width

@@ -323,7 +323,9 @@ class CellValues:
     """HBM bytes every rank moves for the table as a requester (summing partials, ub pooling)."""
     buf_all: float
     owner: np.ndarray | None = None
-    """Cache of `owner_seconds` for these cells."""
+    """Cache of `owner_seconds` for these cells (flat communication)."""
+    owner_hier: np.ndarray | None = None
+    """The same, hierarchical."""
 
 
 @dataclass
@@ -834,21 +836,30 @@ class RankState:
         }
 
 
-def owner_seconds(cm: CostModel, cv: CellValues) -> np.ndarray:
-    """Seconds each cell puts on its owner (HBM work, receiving ids, sending results)."""
+def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> np.ndarray:
+    """Seconds each cell puts on its owner (HBM work, receiving ids, sending results).
+
+    With `hierarchical` (rb only, several nodes) the owner sends its partials over NVLink
+    to the rail peers of its node, and each rank of the node sends its rail's share over
+    its own NIC: the owner keeps the NVLink part and one rank's share of the network part.
+    """
+    if hierarchical and cm.nodes > 1:
+        if cv.owner_hier is None:
+            cv.owner_hier = _owner_seconds(cm, cv, True)
+        return cv.owner_hier
     if cv.owner is None:
-        cv.owner = _owner_seconds(cm, cv)
+        cv.owner = _owner_seconds(cm, cv, False)
     return cv.owner
 
 
-def _owner_seconds(cm: CostModel, cv: CellValues) -> np.ndarray:
-    W, G = cm.W, cm.G
-    return (
-        cv.hbm_own / cm.bw_hbm
-        + (G - 1) * cv.dist / cm.bw_intra
-        + (W - G) * cv.dist / cm.bw_inter
-        + 2.0 * ((G - 1) * cv.res / cm.bw_intra + (W - G) * cv.res / cm.bw_inter)
+def _owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool) -> np.ndarray:
+    W, G, N = cm.W, cm.G, cm.nodes
+    keys = (
+        cv.hbm_own / cm.bw_hbm + (G - 1) * cv.dist / cm.bw_intra + (W - G) * cv.dist / cm.bw_inter
     )
+    if hierarchical:
+        return keys + 2.0 * (N * (G - 1) * cv.res / cm.bw_intra + (N - 1) * cv.res / cm.bw_inter)
+    return keys + 2.0 * ((G - 1) * cv.res / cm.bw_intra + (W - G) * cv.res / cm.bw_inter)
 
 
 def per_table(cm: CostModel, layout: Layout) -> list[dict[str, Any]]:

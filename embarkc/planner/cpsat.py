@@ -217,7 +217,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         tf = cm.facts[n]
         p = d.placement(tf.dim)
         cv = cm.grid_values(tf, p)
-        load += owner_seconds(cm, cv)
+        load += owner_seconds(cm, cv, d.kind == "rb" and d.comm == "hierarchical")
         mem += cv.weights + cv.state + cv.buf_own
         parts["hbm"] += cv.hbm_own / cm.bw_hbm
         parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
