@@ -1,5 +1,5 @@
 """The greedy's hierarchical start (row shards on one node, partials summed before the
-network) and its cell rebalancing, on the paper workloads and by hand."""
+network) and its repeated descent, on the paper workloads and by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import embarkc.planner.greedy as greedy_mod
 from embarkc.planner.cost import CostModel, owner_seconds
-from embarkc.planner.greedy import Decision, Search, _best_node, greedy
+from embarkc.planner.greedy import Decision, _best_node, greedy
 from embarkc.planner.types import Placement
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED
@@ -91,36 +91,18 @@ def test_hierarchical_start_only_where_the_planner_chooses_the_communication():
     assert hier is not None and all(d.comm == "hierarchical" for d in hier.values())
 
 
-@pytest.mark.parametrize("name,nodes,before", [("t180", 16, 6.490), ("dcnv2", 4, 1.680)])
-def test_rebalance_moves_cells_off_the_critical_rank(monkeypatch, name, nodes, before):
-    """Single-cell moves and swaps after the descent: T180 on 128 GPUs 6.490 -> 6.458 ms,
-    DCNv2 on 32 1.680 -> 1.655 ms."""
+@pytest.mark.parametrize(
+    "name,nodes,before,after", [("t180", 16, 6.490, 6.421), ("dcnv2", 4, 1.680, 1.585)]
+)
+def test_descent_and_polish_repeat_while_the_step_time_falls(
+    monkeypatch, name, nodes, before, after
+):
+    """The polish moves the critical rank, and a descent from there finds more: T180 on
+    128 GPUs 6.490 -> 6.421 ms, DCNv2 on 32 1.680 -> 1.585 ms."""
     cm = _model(name, nodes)
-    rebalanced = greedy(cm)
-    monkeypatch.setattr(greedy_mod, "REBALANCE_ROUNDS", 0)
-    plain = greedy(cm)
-    assert round(plain.step_time * 1e3, 3) == before
-    assert rebalanced.step_time < plain.step_time * 0.996
-    assert cm.step_time(rebalanced.layout) == pytest.approx(rebalanced.step_time, rel=1e-12)
-
-
-def test_rebalance_never_raises_the_step_time_and_repairs_a_bad_move():
-    cm = _model("dcnv2", 4)
-    g = greedy(cm)
-    s = Search(cm, g.units)
-    s.load_layout(g.decisions, g.layout)
-    assert s.score()[1] == pytest.approx(g.step_time, rel=1e-12)
-    # pile the heaviest sharded unit's cells onto the lightest rank
-    name = max(
-        (n for n, a in s.applied.items() if a.ranks.size),
-        key=lambda n: float(s.applied[n].load.sum()),
-    )
-    a = s.applied[name]
-    lightest = int(np.argmin(s.state.times()))
-    s.set_ranks(s.by_name[name], np.full(a.ranks.size, lightest))
-    spoiled = s.score()[1]
-    assert spoiled > g.step_time
-    t = s.rebalance()
-    assert t < spoiled
-    assert t == pytest.approx(cm.step_time(s.layout), rel=1e-12)
-    assert cm.layout_state(s.layout).memory().max() <= cm.capacity
+    cycled = greedy(cm)
+    monkeypatch.setattr(greedy_mod, "DESCENT_CYCLES", 1)
+    once = greedy(cm)
+    assert round(once.step_time * 1e3, 3) == before
+    assert round(cycled.step_time * 1e3, 3) == after
+    assert cm.step_time(cycled.layout) == pytest.approx(cycled.step_time, rel=1e-12)

@@ -80,6 +80,21 @@ def test_explain_lists_every_alternative_with_a_verdict(capsys):
     assert "slower by" in section or "does not fit" in section
 
 
+def test_explain_lists_both_communications_of_rb_on_several_nodes(tmp_path, capsys):
+    """tiny has 2 nodes: every rb grid appears flat and hierarchical (`rb-h`, its cells on
+    one node); with the communication fixed by the spec, only that one."""
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "tag"]) == 0
+    section = capsys.readouterr().out.split("explain tag")[1].splitlines()
+    kinds = [line.split()[0] for line in section[3:] if line.startswith("  ") and "x" in line]
+    assert "rb-h" in kinds and "rb" in kinds
+    assert any("hierarchical communication" in line for line in section)
+    text = Path(TINY).read_text().replace("  seed 0\n", "  seed 0\n  communication flat\n")
+    spec = tmp_path / "flat.embark"
+    spec.write_text(text)
+    assert main(["plan", str(spec), "--solver", "greedy", "--explain", "tag"]) == 0
+    assert "rb-h" not in capsys.readouterr().out.split("explain tag")[1]
+
+
 def test_explain_names_the_chosen_grid_of_a_row_split_table(tmp_path, capsys):
     """The plan's own row comes first with its real grid (R row shards x C column cells),
     also for a table split by rows only."""

@@ -157,10 +157,16 @@ def _explain(program: Any, plan: Any, table: str) -> None:
     rows = alternatives(cm, layout, table)
     chosen = min(rows, key=lambda r: (not r["chosen"], r["step_time"]))
     print(f"explain {table}: {len(rows)} alternatives (the rest of the plan unchanged)")
+    if any(r["communication"] == "hierarchical" for r in rows):
+        print("  (rb-h: rb with hierarchical communication, every cell on one node)")
     print("  kind  grid      step time     memory/rank   verdict")
     for r in rows:
         print(
-            f"  {r['kind']:4s}  {r['grid']:8s}  {_ms(r['step_time']):>12}  "
+            f"  {_kind(r):4s}  {r['grid']:8s}  {_ms(r['step_time']):>12}  "
             f"{_gib(r['max_memory']):>12}   {r['verdict']}"
         )
-    print(f"  chosen: {chosen['kind']} {chosen['grid']}")
+    print(f"  chosen: {_kind(chosen)} {chosen['grid']}")
+
+
+def _kind(row: dict[str, Any]) -> str:
+    return "rb-h" if row["communication"] == "hierarchical" else str(row["kind"])

@@ -1,8 +1,9 @@
 """`--explain TABLE`: the cost of every alternative placement of one table.
 
-Each alternative (kind x grid) re-places the table's cells on the least-loaded ranks of
-the plan with that table removed, keeps everything else where it is, and is costed by the
-full cost model. The verdict says why an alternative lost: it does not fit, or it makes
+Each alternative (kind x grid, and for rb on several nodes each communication the spec
+allows) re-places the table's cells on the least-loaded ranks of the plan with that table
+removed (a hierarchical table's on one node, as the search does), keeps everything else
+where it is, and is costed by the full cost model. The verdict says why an alternative lost: it does not fit, or it makes
 the step time longer (and which component grew most on the critical rank).
 """
 
@@ -13,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from embarkc.planner.clusters import units_of
-from embarkc.planner.cost import CostModel, owner_seconds
+from embarkc.planner.cost import CostModel, TableFacts, owner_seconds
+from embarkc.planner.greedy import _best_node
 from embarkc.planner.types import Layout, Placement, column_widths
 
 
@@ -23,8 +25,49 @@ def _grids(cm: CostModel, rows_max: int, cols_max: int) -> list[tuple[int, int]]
     return [(r, c) for r in rs for c in cs if r * c <= cm.W]
 
 
+def _communications(cm: CostModel) -> tuple[str, ...]:
+    """The rb communications the planner may choose: both on several nodes when the spec
+    leaves it open, else the spec's (flat on one node)."""
+    mode = cm.program.options.communication
+    if cm.nodes == 1:
+        return ("flat",)
+    return ("flat", "hierarchical") if mode == "auto" else (mode,)
+
+
+def _placed(
+    cm: CostModel,
+    tf: TableFacts,
+    p: Placement,
+    loads: np.ndarray,
+    mem: np.ndarray,
+    within_node: bool,
+) -> Placement:
+    """`p` with its cells heaviest first on the least-loaded ranks with room; a
+    hierarchical or `within_node` table's cells on one node, as the search places them."""
+    hier = p.kind == "rb" and p.communication == "hierarchical"
+    cv = cm.grid_values(tf, p)
+    secs = owner_seconds(cm, cv, hier)
+    need = cv.weights + cv.state + cv.buf_own
+    order = np.argsort(-secs, kind="stable")
+    allowed = np.ones(cm.W, dtype=bool)
+    if hier or within_node:
+        node = _best_node(cm, loads, mem, cm.capacity, secs[order], need[order])
+        if node is not None:
+            allowed = cm.node_of == node
+    l2, m2 = loads.copy(), mem.copy()
+    rk = [0] * len(secs)
+    for i in order:
+        room = allowed & (m2 + need[i] <= cm.capacity)
+        a = int(np.argmin(np.where(room, l2, np.inf))) if room.any() else int(np.argmin(m2))
+        rk[int(i)] = a
+        l2[a] += secs[i]
+        m2[a] += need[i]
+    return p.with_ranks(tuple(rk))
+
+
 def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, Any]]:
-    """Rows {kind, grid, step_time, max_memory, chosen, verdict}, the plan's own first."""
+    """Rows {kind, communication, grid, step_time, max_memory, chosen, verdict}, the
+    plan's own first (communication: flat or hierarchical for rb, else None)."""
     unit = next(u for u in units_of(cm) if table in u.tables)
     current = layout[table]
     base = dict(layout)
@@ -38,26 +81,13 @@ def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, An
         if kind == "dp":
             options.append(Placement("dp", exchange=cm.best_exchange(tf)))  # type: ignore[arg-type]
             continue
-        for r, c in _grids(cm, min(unit.max_r, tf.rows), unit.max_c):
-            if not (unit.min_r <= r and unit.min_c <= c):
-                continue
-            widths = column_widths(tf.dim, c)
-            p = Placement(kind, r, widths, (0,) * (r * c))  # type: ignore[arg-type]
-            cv = cm.grid_values(tf, p)
-            secs = owner_seconds(cm, cv)
-            need = cv.weights + cv.state + cv.buf_own
-            l2, m2 = loads.copy(), mem.copy()
-            ranks = []
-            for i in np.argsort(-secs, kind="stable"):
-                room = m2 + need[i] <= cm.capacity
-                a = int(np.argmin(np.where(room, l2, np.inf))) if room.any() else int(np.argmin(m2))
-                ranks.append((int(i), a))
-                l2[a] += secs[i]
-                m2[a] += need[i]
-            rk = [0] * len(secs)
-            for i, a in ranks:
-                rk[i] = a
-            options.append(p.with_ranks(tuple(rk)))
+        for comm in _communications(cm) if kind == "rb" else ("flat",):
+            for r, c in _grids(cm, min(unit.max_r, tf.rows), unit.max_c):
+                if not (unit.min_r <= r and unit.min_c <= c):
+                    continue
+                widths = column_widths(tf.dim, c)
+                p = Placement(kind, r, widths, (0,) * (r * c), communication=comm)  # type: ignore[arg-type]
+                options.append(_placed(cm, tf, p, loads, mem, unit.within_node))
     rows = []
     chosen_time = None
     chosen_comp: dict[str, np.ndarray] = {}
@@ -73,6 +103,7 @@ def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, An
         grid = "-" if p.kind == "dp" else f"{p.row_shards}x{cols}"
         row = {
             "kind": p.kind,
+            "communication": p.communication if p.kind == "rb" else None,
             "grid": grid,
             "step_time": float(t.max()),
             "max_memory": float(m.max()),

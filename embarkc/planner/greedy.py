@@ -2,11 +2,16 @@
 
 1. Every unit (a table or a colocate group) starts with a kind (`clusters.initial_kinds`,
    or rb for every unit in the second start) and the smallest grid whose cells fit
-   comfortably (`clusters.initial_grid`).
+   comfortably (`clusters.initial_grid`). On several nodes, when the spec leaves the
+   communication to the planner, a further start makes every rb unit hierarchical
+   (`hierarchical_start`).
 2. `place_all`: all cells, heaviest first, each on the least-loaded rank that has room
    (load = the seconds a cell puts on its owner, `cost.owner_seconds`; room = weights,
    state and buffers within `hbm_bytes - memory_headroom`). Cells of one unit prefer
-   distinct ranks; `within_node` units stay on the node of their first cell.
+   distinct ranks. `within_node` units and hierarchical rb units keep all their cells on
+   one node (`_one_node`): the node whose ranks they leave least loaded (`_best_node`).
+   A hierarchical table's partials are summed inside that node, so one vector per
+   sample crosses the network, and each of the node's NICs sends its rail's share.
 3. `Search.improve`: on the critical rank of the exact cost model, for the units that
    load it most (and the units alone in their cluster kind), try re-placing the unit,
    row and column splits and merges (cuts at multiples of 4), rows traded for columns,
@@ -15,7 +20,8 @@
 4. `Search.polish`: for the heaviest units of the critical rank, their moves and wider
    grids (`POLISH_GRIDS`), judged by the step time itself; a few rounds. The norm's
    descent stops in local minima that a jump to a grid several steps away leaves
-   (T510 on 128 GPUs: 6.50 -> 5.87 ms).
+   (T510 on 128 GPUs: 6.50 -> 5.87 ms). Descent and polish repeat while the step time
+   falls (`DESCENT_CYCLES`).
 5. A fresh heaviest-first placement of the final grids, improved again; the faster of the
    two, and of the starts, is returned.
 """
@@ -79,17 +85,10 @@ POLISH_GRIDS = tuple((r, c) for r in (1, 2, 4, 8) for c in (1, 2, 4))
 """Grids the polish (`Search.polish`) tries for the heaviest units of the critical rank,
 beside their neighbouring grids: jumps that single steps of the descent cannot make."""
 
-REBALANCE_ROUNDS = 16
-"""Cell moves or swaps `Search.rebalance` applies at most."""
-
-REBALANCE_RANKS = 8
-"""The lightest ranks `Search.rebalance` moves the critical rank's cells to."""
-
-REBALANCE_CELLS = 3
-"""The heaviest cells of the critical rank that `Search.rebalance` tries to move."""
-
-REBALANCE_SWAPS = 2
-"""Cells of each light rank a critical cell may swap with (the heaviest lighter ones)."""
+DESCENT_CYCLES = 4
+"""Rounds of descent and polish `_descend` repeats while the step time falls (the polish
+moves the critical rank, so the next descent starts elsewhere); one round for programs
+of more than FOUR_START_UNITS units (planning time)."""
 
 POLISH_ROUNDS = 6
 """Moves the polish applies at most (each one a full scan of its candidates)."""
@@ -211,6 +210,18 @@ class Search:
             templates.append((name, p))
         return load, mem, templates
 
+    def _node_send(self, u: Unit, d: Decision) -> float:
+        """Result bytes per requester that a hierarchical rb unit on one node sends over
+        each NIC of that node (one vector per column range; 0 for other kinds)."""
+        cm = self.cm
+        if d.kind != "rb" or d.comm != "hierarchical" or cm.nodes == 1:
+            return 0.0
+        total = 0.0
+        for name in u.tables:
+            cv = cm.grid_values(cm.facts[name], d.placement(cm.facts[name].dim))
+            total += float(cv.res[cv.j == 0].sum())
+        return total
+
     def _dp(self, u: Unit) -> tuple[float, float, list[tuple[str, Placement]]]:
         cm = self.cm
         load = 0.0
@@ -248,7 +259,8 @@ class Search:
         else:
             load_c, mem_c, templates = self._cells(u, d)
             order = np.argsort(-load_c, kind="stable")
-            ranks = self._assign(u, order, load_c, mem_c, ref, _one_node(u, d))
+            send = self._node_send(u, d)
+            ranks = self._assign(u, order, load_c, mem_c, ref, _one_node(u, d), send)
             placements = [(n, p.with_ranks(tuple(int(x) for x in ranks))) for n, p in templates]
             self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, 0.0)
         for name, p in placements:
@@ -264,6 +276,7 @@ class Search:
         mem_c: np.ndarray,
         ref: np.ndarray | None = None,
         one_node: bool = False,
+        node_send: float = 0.0,
     ) -> np.ndarray:
         cm = self.cm
         ranks = np.full(len(load_c), -1, dtype=np.int64)
@@ -277,6 +290,19 @@ class Search:
         elif ref is None:
             ref = self.state.times()
         if one_node:
+            if node_send > 0 and self.exact_ref:
+                # every rank of the owner node sends its rail's share of the results, and
+                # the node's own requesters receive them over NVLink instead
+                sent, received = self.state.links()["res_inter"]
+                n1 = cm.nodes - 1
+                ref += (
+                    2.0
+                    * (
+                        np.maximum(sent + n1 * node_send, received - node_send)
+                        - np.maximum(sent, received)
+                    )
+                    / cm.bw_inter
+                )
             node = _best_node(cm, ref, self.mem, free, load_c[order], mem_c[order])
             if node is not None:
                 allowed = cm.node_of == node
@@ -504,119 +530,6 @@ class Search:
             best = self.try_move(self.by_name[best_move[1]], best_move[2])[1]
         return best
 
-    def set_ranks(self, u: Unit, ranks: np.ndarray) -> None:
-        """Move the cells of the placed unit `u` to `ranks` (its grid unchanged)."""
-        a = self.applied[u.name]
-        np.add.at(self.loads, a.ranks, -a.load)
-        np.add.at(self.mem, a.ranks, -a.mem)
-        np.add.at(self.loads, ranks, a.load)
-        np.add.at(self.mem, ranks, a.mem)
-        self.applied[u.name] = _Applied(ranks, a.load, a.mem, 0.0, 0.0)
-        rt = tuple(int(x) for x in ranks)
-        for name in u.tables:
-            old = self.layout[name]
-            self.state.add_table(name, old, -1.0)
-            self.layout[name] = old.with_ranks(rt)
-            self.state.add_table(name, self.layout[name], 1.0)
-
-    def _exchange_score(self, moves: list[tuple[Unit, np.ndarray]]) -> tuple[float, float]:
-        """The score with the units of `moves` on their new ranks; the state is restored."""
-        old = [self.applied[u.name].ranks for u, _ in moves]
-        for u, ranks in moves:
-            self.set_ranks(u, ranks)
-        sc = self.score()
-        for (u, _), ranks in zip(reversed(moves), reversed(old), strict=True):
-            self.set_ranks(u, ranks)
-        return sc
-
-    def rebalance(self, rounds: int = REBALANCE_ROUNDS) -> float:
-        """Lower the step time by moving single cells: each of the `REBALANCE_CELLS`
-        heaviest cells of the critical rank to one of the `REBALANCE_RANKS` lightest ranks,
-        or swapped with a lighter cell there (grids unchanged, memory and `within_node`
-        respected). Applies the move with the lowest step time (then 16-norm) while one
-        lowers either without raising the step time; returns the step time it ends with."""
-        cm = self.cm
-        free = cm.capacity - self.uniform_mem
-        cur = self.score()
-        for _ in range(rounds):
-            times = self.state.times()
-            crit = int(np.argmax(times))
-            light = [int(b) for b in np.argsort(times, kind="stable")[:REBALANCE_RANKS]]
-            light = [b for b in light if b != crit]
-            on_crit: list[tuple[float, str, int]] = []
-            there: dict[int, list[tuple[float, str, int]]] = {b: [] for b in light}
-            for name, a in self.applied.items():
-                for i, r in enumerate(a.ranks.tolist()):
-                    if r == crit:
-                        on_crit.append((-float(a.load[i]), name, i))
-                    elif r in there:
-                        there[r].append((float(a.load[i]), name, i))
-            on_crit.sort()
-            best: tuple[tuple[float, float], list[tuple[Unit, np.ndarray]]] | None = None
-            for neg, name, i in on_crit[:REBALANCE_CELLS]:
-                u, a = self.by_name[name], self.applied[name]
-                one = _one_node(u, self.decisions[name])
-                node_ok = cm.node_of == cm.node_of[crit] if one else None
-                trials: list[list[tuple[Unit, np.ndarray]]] = []
-                for b in light:
-                    if node_ok is not None and not node_ok[b]:
-                        continue
-                    if self.mem[b] + a.mem[i] <= free:
-                        r = a.ranks.copy()
-                        r[i] = b
-                        trials.append([(u, r)])
-                    # swaps with the heaviest cells of b that are lighter than this one
-                    lighter = sorted(c for c in there[b] if c[0] < -neg)[-REBALANCE_SWAPS:]
-                    for _, name2, i2 in lighter:
-                        u2, a2 = self.by_name[name2], self.applied[name2]
-                        one2 = _one_node(u2, self.decisions[name2])
-                        if one2 and cm.node_of[b] != cm.node_of[crit]:
-                            continue
-                        dm = a.mem[i] - a2.mem[i2]
-                        if self.mem[b] + dm > free or self.mem[crit] - dm > free:
-                            continue
-                        if name2 == name:
-                            r = a.ranks.copy()
-                            r[i], r[i2] = b, crit
-                            trials.append([(u, r)])
-                        else:
-                            r, r2 = a.ranks.copy(), a2.ranks.copy()
-                            r[i], r2[i2] = b, crit
-                            trials.append([(u, r), (u2, r2)])
-                for moves in trials:
-                    sc = self._exchange_score(moves)
-                    if best is None or (sc[1], sc[0]) < (best[0][1], best[0][0]):
-                        best = (sc, moves)
-            if best is None:
-                break
-            sc, moves = best
-            lower = sc[1] < cur[1] * (1 - 1e-9)
-            flatter = sc[1] <= cur[1] and sc[0] < cur[0] * (1 - 1e-9)
-            if not (lower or flatter):
-                break
-            for u, ranks in moves:
-                self.set_ranks(u, ranks)
-            cur = self.score()
-        return cur[1]
-
-    def load_layout(self, decisions: dict[str, Decision], layout: Layout) -> None:
-        """Set the state to `layout` (the grids of `decisions`, the ranks of `layout`)."""
-        self.reset()
-        for u in self.units:
-            d = decisions[u.name]
-            if d.kind == "dp":
-                self.place(u, d)
-                continue
-            load_c, mem_c, templates = self._cells(u, d)
-            ranks = np.asarray(layout[u.name].ranks, dtype=np.int64)
-            np.add.at(self.loads, ranks, load_c)
-            np.add.at(self.mem, ranks, mem_c)
-            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, 0.0)
-            for name, _ in templates:
-                self.layout[name] = layout[name]
-                self.state.add_table(name, layout[name], 1.0)
-            self.decisions[u.name] = d
-
     @staticmethod
     def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
         return a[0] < b[0] * (1 - 1e-9)
@@ -727,12 +640,6 @@ def greedy(
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     assert best is not None
-    # the chosen plan's cells, moved one at a time off its critical rank
-    search = Search(cm, units, progress)
-    search.load_layout(best[2], best[1])
-    t = search.rebalance(rounds=min(REBALANCE_ROUNDS, limit))
-    if t < best[0] * (1 - 1e-9):
-        best = (t, dict(search.layout), best[2])
     if progress is not None:
         progress("greedy", 1.0, best[0])
     return GreedyResult(best[1], best[0], best[2], units)
@@ -756,8 +663,14 @@ def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decis
     """Improve and polish, re-pack the chosen grids heaviest first, improve again; the best
     by the exact step time."""
     cm = search.cm
-    search.improve(limit)
-    search.polish(rounds=min(POLISH_ROUNDS, limit))
+    before = math.inf
+    cycles = DESCENT_CYCLES if len(search.units) <= FOUR_START_UNITS else 1
+    for _ in range(cycles):
+        search.improve(limit)
+        t = search.polish(rounds=min(POLISH_ROUNDS, limit))
+        if not t < before * (1 - 1e-9):
+            break
+        before = t
     layout, dec = dict(search.layout), dict(search.decisions)
     best = (cm.step_time(layout), layout, dec)
     try:
