@@ -69,7 +69,7 @@ def test_hierarchical_start_keeps_every_row_shard_on_one_node_and_wins_on_t200()
     assert any(p.row_shards > 1 for p in hier.values())
     for t, p in hier.items():
         assert len({r // cm.G for r in p.ranks}) == 1, t
-    assert round(g.step_time * 1e3, 3) == 4.531
+    assert round(g.step_time * 1e3, 3) == 4.503
 
 
 def test_without_the_hierarchical_start_t200_and_t180_plan_slower(monkeypatch):
@@ -79,6 +79,35 @@ def test_without_the_hierarchical_start_t200_and_t180_plan_slower(monkeypatch):
     without = (greedy(t200).step_time, greedy(t180).step_time)
     assert round(without[0] * 1e3, 3) == 4.679 and round(without[1] * 1e3, 3) == 19.316
     assert with_start[0] < without[0] * 0.97 and with_start[1] < without[1] * 0.96
+
+
+def test_hierarchical_start_splits_the_units_heavier_than_a_fair_share():
+    """Units whose owner work exceeds the mean per rank start with twice the row shards:
+    T180 on 128 GPUs plans 5.981 ms (6.421 ms when the hierarchical start kept the grids)."""
+    cm = _model("t180", 16)
+    g = greedy(cm)
+    assert round(g.step_time * 1e3, 3) == 5.981
+    start = {u.name: Decision("rb", 1, 1) if "rb" in u.kinds else Decision("dp") for u in g.units}
+    hier = greedy_mod.hierarchical_start(cm, g.units, start)
+    assert hier is not None
+    load = {
+        u.name: sum(
+            float(
+                owner_seconds(
+                    cm, cm.grid_values(cm.facts[n], start[u.name].placement(cm.facts[n].dim)), True
+                ).sum()
+            )
+            for n in u.tables
+        )
+        for u in g.units
+        if start[u.name].kind == "rb"
+    }
+    fair = sum(load.values()) / cm.W
+    heavy = {n for n, x in load.items() if x > fair}
+    assert heavy and len(heavy) < len(load)
+    for n, d in hier.items():
+        assert d.r == (2 if n in heavy else 1), n
+        assert d.comm == ("hierarchical" if d.kind == "rb" else "flat")
 
 
 def test_hierarchical_start_only_where_the_planner_chooses_the_communication():
@@ -92,13 +121,13 @@ def test_hierarchical_start_only_where_the_planner_chooses_the_communication():
 
 
 @pytest.mark.parametrize(
-    "name,nodes,before,after", [("t180", 16, 6.490, 6.421), ("dcnv2", 4, 1.680, 1.585)]
+    "name,nodes,before,after", [("dcnv2", 4, 1.680, 1.585), ("t200", 4, 11.110, 11.080)]
 )
 def test_descent_and_polish_repeat_while_the_step_time_falls(
     monkeypatch, name, nodes, before, after
 ):
-    """The polish moves the critical rank, and a descent from there finds more: T180 on
-    128 GPUs 6.490 -> 6.421 ms, DCNv2 on 32 1.680 -> 1.585 ms."""
+    """The polish moves the critical rank, and a descent from there finds more: DCNv2 on
+    32 GPUs 1.680 -> 1.585 ms, T200 on 32 11.110 -> 11.080 ms."""
     cm = _model(name, nodes)
     cycled = greedy(cm)
     monkeypatch.setattr(greedy_mod, "DESCENT_CYCLES", 1)
