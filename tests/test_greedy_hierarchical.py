@@ -8,7 +8,7 @@ import pytest
 
 import embarkc.planner.greedy as greedy_mod
 from embarkc.planner.cost import CostModel, owner_seconds
-from embarkc.planner.greedy import Decision, _best_node, greedy
+from embarkc.planner.greedy import Decision, best_node, greedy
 from embarkc.planner.types import Placement
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED
@@ -27,16 +27,16 @@ def test_best_node_is_the_one_left_with_the_lowest_maximum():
     ref[24:32] = 2.0
     mem = np.zeros(cm.W)
     # two cells of load 3: node 1 ends at max 9 (its heavy rank), node 2 at 4, node 3 at 5
-    assert _best_node(cm, ref, mem, 1e12, np.array([3.0, 3.0]), np.zeros(2)) == 2
-    # nine cells: no node has nine distinct ranks, so ranks repeat; node 1's idle ranks win
-    # until the eighth and ninth cell land on already used ranks
+    assert best_node(cm, ref, mem, 1e12, np.array([3.0, 3.0]), np.zeros(2)) == 2
+    # nine cells: every rank of a node takes one (distinct ranks first) and one rank a
+    # second, so node 1 must use its busy rank (max 10) and node 2 ends at 3
     nine = np.full(9, 1.0)
-    assert _best_node(cm, ref, mem, 1e12, nine, np.zeros(9)) == 2
+    assert best_node(cm, ref, mem, 1e12, nine, np.zeros(9)) == 2
     # memory: only node 3 has room
     full = np.full(cm.W, 10.0)
     full[24:32] = 0.0
-    assert _best_node(cm, ref, full, 5.0, np.array([1.0]), np.array([1.0])) == 3
-    assert _best_node(cm, ref, np.full(cm.W, 10.0), 5.0, np.array([1.0]), np.array([1.0])) is None
+    assert best_node(cm, ref, full, 5.0, np.array([1.0]), np.array([1.0])) == 3
+    assert best_node(cm, ref, np.full(cm.W, 10.0), 5.0, np.array([1.0]), np.array([1.0])) is None
 
 
 def test_a_hierarchical_owner_sends_over_nvlink_and_one_share_of_the_network():

@@ -3,8 +3,9 @@
 Each alternative (kind x grid, and for rb on several nodes each communication the spec
 allows) re-places the table's cells on the least-loaded ranks of the plan with that table
 removed (a hierarchical table's on one node, as the search does), keeps everything else
-where it is, and is costed by the full cost model. The verdict says why an alternative lost: it does not fit, or it makes
-the step time longer (and which component grew most on the critical rank).
+where it is, and is costed by the full cost model. The verdict says why an alternative
+lost: it does not fit, or it makes the step time longer (and which component grew most on
+the critical rank).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from embarkc.planner.clusters import units_of
 from embarkc.planner.cost import CostModel, TableFacts, owner_seconds
-from embarkc.planner.greedy import _best_node
+from embarkc.planner.greedy import best_node
 from embarkc.planner.types import Layout, Placement, column_widths
 
 
@@ -51,7 +52,7 @@ def _placed(
     order = np.argsort(-secs, kind="stable")
     allowed = np.ones(cm.W, dtype=bool)
     if hier or within_node:
-        node = _best_node(cm, loads, mem, cm.capacity, secs[order], need[order])
+        node = best_node(cm, loads, mem, cm.capacity, secs[order], need[order])
         if node is not None:
             allowed = cm.node_of == node
     l2, m2 = loads.copy(), mem.copy()

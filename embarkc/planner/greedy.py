@@ -9,7 +9,7 @@
    (load = the seconds a cell puts on its owner, `cost.owner_seconds`; room = weights,
    state and buffers within `hbm_bytes - memory_headroom`). Cells of one unit prefer
    distinct ranks. `within_node` units and hierarchical rb units keep all their cells on
-   one node (`_one_node`): the node whose ranks they leave least loaded (`_best_node`).
+   one node (`_one_node`): the node whose ranks they leave least loaded (`best_node`).
    A hierarchical table's partials are summed inside that node, so one vector per
    sample crosses the network, and each of the node's NICs sends its rail's share.
 3. `Search.improve`: on the critical rank of the exact cost model, for the units that
@@ -101,7 +101,7 @@ def _one_node(u: Unit, d: Decision) -> bool:
     return u.within_node or (d.kind == "rb" and d.comm == "hierarchical")
 
 
-def _best_node(
+def best_node(
     cm: CostModel,
     ref: np.ndarray,
     mem: np.ndarray,
@@ -132,6 +132,25 @@ def _best_node(
     worst = np.where(ok, t.max(axis=1), np.inf)
     total = np.where(ok, t.sum(axis=1), np.inf)
     return int(np.lexsort((total, worst))[0])
+
+
+def unit_cells(
+    cm: CostModel, u: Unit, d: Decision
+) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]]]:
+    """Per-cell proxy load (`owner_seconds`) and memory of a unit's grid `d` (summed over
+    its tables), and each table's template placement."""
+    n = d.r * d.c
+    load = np.zeros(n)
+    mem = np.zeros(n)
+    templates = []
+    for name in u.tables:
+        tf = cm.facts[name]
+        p = d.placement(tf.dim)
+        cv = cm.grid_values(tf, p)
+        load += owner_seconds(cm, cv, p.kind == "rb" and p.communication == "hierarchical")
+        mem += cv.weights + cv.state + cv.buf_own
+        templates.append((name, p))
+    return load, mem, templates
 
 
 class NoRoom(Exception):
@@ -195,24 +214,12 @@ class Search:
     def _cells(
         self, u: Unit, d: Decision
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]]]:
-        """Per-cell proxy load and memory of a unit's grid (summed over its tables)."""
-        cm = self.cm
-        n = d.r * d.c
-        load = np.zeros(n)
-        mem = np.zeros(n)
-        templates = []
-        for name in u.tables:
-            tf = cm.facts[name]
-            p = d.placement(tf.dim)
-            cv = cm.grid_values(tf, p)
-            load += owner_seconds(cm, cv, p.kind == "rb" and p.communication == "hierarchical")
-            mem += cv.weights + cv.state + cv.buf_own
-            templates.append((name, p))
-        return load, mem, templates
+        return unit_cells(self.cm, u, d)
 
     def _node_send(self, u: Unit, d: Decision) -> float:
-        """Result bytes per requester that a hierarchical rb unit on one node sends over
-        each NIC of that node (one vector per column range; 0 for other kinds)."""
+        """Result bytes a hierarchical rb unit on one node returns to each requester on
+        another node (one vector per column range; 0 for other kinds): every rank of the
+        node sends that much to each of its rail's remote ranks."""
         cm = self.cm
         if d.kind != "rb" or d.comm != "hierarchical" or cm.nodes == 1:
             return 0.0
@@ -303,7 +310,7 @@ class Search:
                     )
                     / cm.bw_inter
                 )
-            node = _best_node(cm, ref, self.mem, free, load_c[order], mem_c[order])
+            node = best_node(cm, ref, self.mem, free, load_c[order], mem_c[order])
             if node is not None:
                 allowed = cm.node_of == node
             elif u.within_node:
@@ -352,17 +359,15 @@ class Search:
             al = allowed.get(u.name)
             if al is None and _one_node(u, decisions[u.name]):
                 order = np.argsort(-load_c, kind="stable")
-                node = _best_node(cm, self.loads, self.mem, free, load_c[order], mem_c[order])
+                node = best_node(cm, self.loads, self.mem, free, load_c[order], mem_c[order])
                 if node is None and u.within_node:
                     raise NoRoom(u)
                 al = allowed[u.name] = (
                     cm.node_of == node if node is not None else np.ones(cm.W, dtype=bool)
                 )
-            room = (
-                (self.mem + mem_c[ci] <= free) & al
-                if al is not None
-                else (self.mem + mem_c[ci] <= free)
-            )
+            room = self.mem + mem_c[ci] <= free
+            if al is not None:
+                room &= al
             fresh = room & ~us
             cand = fresh if fresh.any() else room
             if not cand.any():
@@ -660,18 +665,11 @@ def hierarchical_start(
         return None
     by_name = {u.name: u for u in units}
     hier = {n: replace(d, comm="hierarchical") if d.kind == "rb" else d for n, d in start.items()}
-    loads: dict[str, float] = {}
-    for u in units:
-        d = hier[u.name]
-        if d.kind == "rb":
-            loads[u.name] = sum(
-                float(
-                    owner_seconds(
-                        cm, cm.grid_values(cm.facts[n], d.placement(cm.facts[n].dim)), True
-                    ).sum()
-                )
-                for n in u.tables
-            )
+    loads = {
+        u.name: float(unit_cells(cm, u, hier[u.name])[0].sum())
+        for u in units
+        if hier[u.name].kind == "rb"
+    }
     # a unit heavier than a rank's fair share of the owners' work cannot be balanced
     # whole; split in rows on its node, its partials are summed before the network
     fair = sum(loads.values()) / cm.W
@@ -683,8 +681,8 @@ def hierarchical_start(
 
 
 def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decision]]:
-    """Improve and polish, re-pack the chosen grids heaviest first, improve again; the best
-    by the exact step time."""
+    """Improve and polish (again while that lowers the step time, `DESCENT_CYCLES`), re-pack
+    the chosen grids heaviest first, improve again; the best by the exact step time."""
     cm = search.cm
     before = math.inf
     cycles = DESCENT_CYCLES if len(search.units) <= FOUR_START_UNITS else 1
