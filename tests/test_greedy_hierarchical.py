@@ -135,3 +135,16 @@ def test_descent_and_polish_repeat_while_the_step_time_falls(
     assert round(once.step_time * 1e3, 3) == before
     assert round(cycled.step_time * 1e3, 3) == after
     assert cm.step_time(cycled.layout) == pytest.approx(cycled.step_time, rel=1e-12)
+
+
+def test_cpsat_keeps_hierarchical_units_on_one_node_and_never_slows_the_plan():
+    from embarkc.planner.cpsat import refine
+
+    cm = _model("t200", 4)
+    g = greedy(cm)
+    r = refine(cm, g, time_limit=4.0, seed=0)
+    assert cm.step_time(r.layout) <= g.step_time
+    hier = [p for p in r.layout.values() if p.kind == "rb" and p.communication == "hierarchical"]
+    assert hier
+    for p in hier:
+        assert len({rank // cm.G for rank in p.rank_list()}) == 1

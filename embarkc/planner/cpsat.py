@@ -16,7 +16,7 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     a rank's time is below T:                 base_a + sum_o U_o(a) y[o] + sum_c h_c x[c, a] + sum_l z[l, a] <= T
     the ranks outside stay below the step time:  max_b t_b + sum_o max_b (U_o(b) - U_cur(b)) y[o] <= max_a t_a
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
-    within_node units stay on their node:     x[c, a] == 0 for a off that node
+    within_node and hierarchical rb units stay on their node:  x[c, a] == 0 for a off it
     few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
     minimise T, then the number of changes; hints: the current plan (a complete solution)
 
@@ -52,7 +52,7 @@ import numpy as np
 
 from embarkc.planner.clusters import Unit, initial_grid
 from embarkc.planner.cost import CostModel, RankState, owner_seconds
-from embarkc.planner.greedy import P_NORM, Decision, GreedyResult
+from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node
 from embarkc.planner.types import Layout, Placement
 
 LNS_RANKS = 8
@@ -372,13 +372,18 @@ class _Refiner:
             cur_o = self.option(u, cur)
             _apply(work, cur_o, self.ranks[u.name], -1.0)
             t_u = work.times()
-            allowed = np.zeros(cm.W, dtype=bool)
-            allowed[ranks_f] = True
-            if u.within_node and cur.kind != "dp":
-                allowed &= cm.node_of == cm.node_of[int(self.ranks[u.name][0])]
+            free_mask = np.zeros(cm.W, dtype=bool)
+            free_mask[ranks_f] = True
+            home = (
+                cm.node_of == cm.node_of[int(self.ranks[u.name][0])]
+                if cur.kind != "dp"
+                else np.ones(cm.W, dtype=bool)
+            )
             lst = []
             for d in grid_options(cm, u, cur, len(ranks_f)):
                 o = self.option(u, d)
+                # within_node and hierarchical rb units keep their cells on their node
+                allowed = free_mask & home if one_node(u, d) else free_mask
                 cost = len(o.load) * int(allowed.sum())
                 if d != cur and cost > budget:
                     continue
@@ -484,7 +489,7 @@ class _Refiner:
         for u in partial_units:
             o = self.option(u, self.decision[u.name])
             ok = [a for a in ranks_f if a in fset]
-            if u.within_node:
+            if one_node(u, self.decision[u.name]):
                 node = cm.node_of[int(self.ranks[u.name][0])]
                 ok = [a for a in ok if cm.node_of[a] == node]
             for c in movable[u.name]:

@@ -9,7 +9,7 @@
    (load = the seconds a cell puts on its owner, `cost.owner_seconds`; room = weights,
    state and buffers within `hbm_bytes - memory_headroom`). Cells of one unit prefer
    distinct ranks. `within_node` units and hierarchical rb units keep all their cells on
-   one node (`_one_node`): the node whose ranks they leave least loaded (`best_node`).
+   one node (`one_node`): the node whose ranks they leave least loaded (`best_node`).
    A hierarchical table's partials are summed inside that node, so one vector per
    sample crosses the network, and each of the node's NICs sends its rail's share.
 3. `Search.improve`: on the critical rank of the exact cost model, for the units that
@@ -94,7 +94,7 @@ POLISH_ROUNDS = 6
 """Moves the polish applies at most (each one a full scan of its candidates)."""
 
 
-def _one_node(u: Unit, d: Decision) -> bool:
+def one_node(u: Unit, d: Decision) -> bool:
     """Whether the unit's cells all go to the node of its first cell: a `within_node`
     constraint, or hierarchical rb, whose partials are summed inside the owner node so
     that one vector per sample crosses the network only when every row shard is there."""
@@ -267,7 +267,7 @@ class Search:
             load_c, mem_c, templates = self._cells(u, d)
             order = np.argsort(-load_c, kind="stable")
             send = self._node_send(u, d)
-            ranks = self._assign(u, order, load_c, mem_c, ref, _one_node(u, d), send)
+            ranks = self._assign(u, order, load_c, mem_c, ref, one_node(u, d), send)
             placements = [(n, p.with_ranks(tuple(int(x) for x in ranks))) for n, p in templates]
             self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, 0.0)
         for name, p in placements:
@@ -357,7 +357,7 @@ class Search:
             load_c, mem_c, _, ranks = prepared[u.name]
             us = used.setdefault(u.name, np.zeros(cm.W, dtype=bool))
             al = allowed.get(u.name)
-            if al is None and _one_node(u, decisions[u.name]):
+            if al is None and one_node(u, decisions[u.name]):
                 order = np.argsort(-load_c, kind="stable")
                 node = best_node(cm, self.loads, self.mem, free, load_c[order], mem_c[order])
                 if node is None and u.within_node:
