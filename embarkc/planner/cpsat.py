@@ -51,8 +51,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from embarkc.planner.clusters import Unit, initial_grid
-from embarkc.planner.cost import CostModel, RankState, owner_seconds
-from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node
+from embarkc.planner.cost import CostModel, RankState
+from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node, unit_cells
 from embarkc.planner.types import Layout, Placement
 
 LNS_RANKS = 8
@@ -206,19 +206,12 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         return _Option(
             u, d, templates, empty, empty, int(np.ceil(uni)), parts={k: empty for k in PARTS}
         )
-    cells = d.r * d.c
-    load = np.zeros(cells)
-    mem = np.zeros(cells)
+    load, mem, templates = unit_cells(cm, u, d)
     uni = 0.0
-    templates = []
-    parts = {k: np.zeros(cells) for k in PARTS}
+    parts = {k: np.zeros(d.r * d.c) for k in PARTS}
     W, G = cm.W, cm.G
-    for n in u.tables:
-        tf = cm.facts[n]
-        p = d.placement(tf.dim)
-        cv = cm.grid_values(tf, p)
-        load += owner_seconds(cm, cv, d.kind == "rb" and d.comm == "hierarchical")
-        mem += cv.weights + cv.state + cv.buf_own
+    for n, p in templates:
+        cv = cm.grid_values(cm.facts[n], p)
         parts["hbm"] += cv.hbm_own / cm.bw_hbm
         parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
         parts["dist_inter"] += (W - G) * cv.dist / cm.bw_inter
@@ -229,7 +222,6 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             parts["res_intra"] += 2.0 * (G - 1) * cv.res / cm.bw_intra
             parts["res_inter"] += 2.0 * (W - G) * cv.res / cm.bw_inter
         uni += cv.buf_all
-        templates.append((n, p))
     return _Option(
         u,
         d,
