@@ -642,9 +642,7 @@ class RankState:
             return
         cv = cm.placement_values(tf, p)
         ranks = np.asarray(p.rank_list(), dtype=np.int64)
-        self.add_cells(
-            cv, ranks, sign, hierarchical=p.kind == "rb" and p.communication == "hierarchical"
-        )
+        self.add_cells(cv, ranks, sign, hierarchical=p.hierarchical)
         key = (
             "ub"
             if p.kind == "ub"

@@ -215,7 +215,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         parts["hbm"] += cv.hbm_own / cm.bw_hbm
         parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
         parts["dist_inter"] += (W - G) * cv.dist / cm.bw_inter
-        if d.comm == "hierarchical" and cm.nodes > 1:
+        if d.hierarchical and cm.nodes > 1:
             # partials for other nodes go to the rail peer inside the node
             parts["res_intra"] += 2.0 * cm.nodes * (G - 1) * cv.res / cm.bw_intra
         else:

@@ -45,13 +45,12 @@ def _placed(
 ) -> Placement:
     """`p` with its cells heaviest first on the least-loaded ranks with room; a
     hierarchical or `within_node` table's cells on one node, as the search places them."""
-    hier = p.kind == "rb" and p.communication == "hierarchical"
     cv = cm.grid_values(tf, p)
-    secs = owner_seconds(cm, cv, hier)
+    secs = owner_seconds(cm, cv, p.hierarchical)
     need = cv.weights + cv.state + cv.buf_own
     order = np.argsort(-secs, kind="stable")
     allowed = np.ones(cm.W, dtype=bool)
-    if hier or within_node:
+    if p.hierarchical or within_node:
         node = best_node(cm, loads, mem, cm.capacity, secs[order], need[order])
         if node is not None:
             allowed = cm.node_of == node

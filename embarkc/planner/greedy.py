@@ -59,6 +59,10 @@ class Decision:
     c: int = 1
     comm: str = "flat"
 
+    @property
+    def hierarchical(self) -> bool:
+        return self.kind == "rb" and self.comm == "hierarchical"
+
     def placement(self, dim: int) -> Placement:
         """The r x c grid of a sharded kind for a table of width `dim`, every cell on
         rank 0 (a template: the search assigns the ranks)."""
@@ -98,7 +102,7 @@ def one_node(u: Unit, d: Decision) -> bool:
     """Whether the unit's cells all go to the node of its first cell: a `within_node`
     constraint, or hierarchical rb, whose partials are summed inside the owner node so
     that one vector per sample crosses the network only when every row shard is there."""
-    return u.within_node or (d.kind == "rb" and d.comm == "hierarchical")
+    return u.within_node or d.hierarchical
 
 
 def best_node(
@@ -147,7 +151,7 @@ def unit_cells(
         tf = cm.facts[name]
         p = d.placement(tf.dim)
         cv = cm.grid_values(tf, p)
-        load += owner_seconds(cm, cv, p.kind == "rb" and p.communication == "hierarchical")
+        load += owner_seconds(cm, cv, p.hierarchical)
         mem += cv.weights + cv.state + cv.buf_own
         templates.append((name, p))
     return load, mem, templates
@@ -221,7 +225,7 @@ class Search:
         another node (one vector per column range; 0 for other kinds): every rank of the
         node sends that much to each of its rail's remote ranks."""
         cm = self.cm
-        if d.kind != "rb" or d.comm != "hierarchical" or cm.nodes == 1:
+        if not d.hierarchical or cm.nodes == 1:
             return 0.0
         total = 0.0
         for name in u.tables:
@@ -432,7 +436,7 @@ class Search:
             r, c = initial_grid(cm, u)
             for k in u.kinds:
                 if k != "dp":
-                    out.append(Decision(k, r, c, self._comm(r)))
+                    out.append(Decision(k, r, c, self._comm()))
             return out
         grids = {
             (d.r + 1, d.c),
@@ -450,7 +454,7 @@ class Search:
                 continue
             if not (u.min_c <= c2 <= u.max_c) or r2 * c2 > 4 * cm.W:
                 continue
-            out.append(replace(d, r=r2, c=c2, comm=self._comm(r2, d.comm)))
+            out.append(replace(d, r=r2, c=c2, comm=self._comm(d.comm)))
         for k in u.kinds:
             if k == d.kind:
                 continue
@@ -462,7 +466,7 @@ class Search:
             out.append(replace(d, comm="flat" if d.comm == "hierarchical" else "hierarchical"))
         return out
 
-    def _comm(self, r: int, current: str = "flat") -> str:
+    def _comm(self, current: str = "flat") -> str:
         if self.comm_mode != "auto":
             return self.comm_mode
         return current

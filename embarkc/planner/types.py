@@ -52,6 +52,11 @@ class Placement:
     differ between row shards; None for the planner's own regular grids."""
 
     @property
+    def hierarchical(self) -> bool:
+        """rb whose partials are summed in the owner node before the network."""
+        return self.kind == "rb" and self.communication == "hierarchical"
+
+    @property
     def column_shards(self) -> int:
         return len(self.widths)
 
