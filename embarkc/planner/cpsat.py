@@ -7,38 +7,54 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
 
     y[o]      option o of a free unit is chosen
     x[c, a]   cell c of option o is on rank a (a free rank)
+    S[l, n]   what the cells placed on node n put on the far side of link l
     z[l, a]   seconds of all-to-all link l (keys or results, intra or inter node) on rank a
     T         the makespan of the free ranks
 
     one option per free unit:                 sum_o y[o] == 1
     a chosen option's cells are placed once:  sum_a x[c, a] == y[o]
-    a link costs its busier side:             z[l, a] >= F_l(a),  z[l, a] >= V_l(a) + sum_c v_lc x[c, a]
-    a rank's time is below T:                 base_a + sum_o U_o(a) y[o] + sum_c h_c x[c, a] + sum_l z[l, a] <= T
-    the ranks outside stay below the step time:  max_b t_b + sum_o max_b (U_o(b) - U_cur(b)) y[o] <= max_a t_a
+    the far side per node:                    S[l, n] == sum_{c, a on n} w_lc x[c, a]
+    a link costs its busier side:             z[l, a] >= V_l(a) + sum_c v_lc x[c, a]
+      intra-node links:                       z[l, a] >= F_l(a) + S[l, node a] - sum_c w_lc x[c, a]
+      inter-node links:                       z[l, a] >= F_l(a) + sum_n S[l, n] - S[l, node a]
+    a rank's time is below T:                 base_a + sum_o U_o y[o] + sum_c h_c x[c, a] + sum_l z[l, a] <= T
+    the ranks outside stay below the step time:  max_b t_b + sum_o (U_o - U_cur) y[o] <= max_a t_a
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
     within_node and hierarchical rb units stay on their node:  x[c, a] == 0 for a off it
     few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
     minimise T, then the number of changes; hints: the current plan (a complete solution)
 
-This is the full cost model (`cost.RankState`) linearised around the current plan. `h_c`
-is a cell's HBM work on its owner; `v_lc` its owner's side of link l (keys received,
-results sent forward and backward); `V_l(a)` the owner side of the cells that stay and
-`F_l(a)` the other side (keys sent, results received) as they are in the current plan
-(links are full duplex: `max(sent, received)`, as the cost model says). `U_o(a)` is what
-the option adds to a rank besides its owner side (requester work, receiving,
-collectives): the change of the rank's time in the full model when the option replaces
-the unit's current one in the current plan. `base` is calibrated so that the model gives
-the current plan exactly the full model's rank times. Every solution is re-costed by the
-full model and accepted when it lowers the 16-norm of the rank times (the greedy's
-descent criterion) or the step time.
+This is the full cost model (`cost.RankState`) around the current plan. `h_c` is a
+cell's HBM work on its owner; `v_lc` its owner's side of link l (keys received, results
+sent forward and backward); `w_lc` what it puts on the far side of one rank that talks to
+it (keys that rank sends it, results that rank receives from it): the ranks of its node
+over NVLink, the others over the network. `V_l(a)` and `F_l(a)` are the two sides of the
+cells that do not move (links are full duplex: `max(sent, received)`, as the cost model
+says), so a cell that moves changes the far side of every free rank it talks to, its old
+node's and its new one's. `U_o` is what the option adds to every rank besides owner HBM
+work and links (requester lookups of dp tables, kernel launches, latencies, the dp
+exchange): the change of that shared part in the full model when the option replaces the
+unit's current one. `base` is calibrated so that the model gives the current plan exactly
+the full model's rank times. What is not exact: the ranks outside (their far sides are
+not variables), keys of several cells of one row shard on one rank (the full model sends
+them once) and options measured one at a time. Every solution is re-costed by the full
+model and accepted when it lowers the 16-norm of the rank times (the greedy's descent
+criterion) or the step time.
 
-Neighbourhoods (large-neighbourhood search): the critical rank, the ranks of the units on
-it, the lightest ranks and seeded random others; the free units are those whose cells all
-lie there, plus a few dp units; units spread further keep their grid, and their cells on
-the free ranks may move among them. Small programs are solved whole (every unit, every
-rank).
-Each solve uses one worker and `max_deterministic_time`, and the number of
-neighbourhoods is bounded per second of time limit, so a fixed seed gives the same plan.
+Neighbourhoods (large-neighbourhood search), of two kinds in turn: the critical rank, the
+ranks of the units on it, the lightest ranks and seeded random others; or the same
+around the critical rank and a few other ranks that share the maximum (the plateau: a
+plan whose top ranks tie cannot lower its step time by relieving one of them). The free
+units are those whose cells all lie there, plus a few dp units; units spread further
+keep their grid, and their cells on the free ranks may move among them. Small programs
+are solved whole (every unit, every rank).
+Each solve uses one worker and `max_deterministic_time`. The time limit is spent in a
+deterministic count of work: every neighbourhood costs its solver's deterministic time
+and the size of its model, at the CPU seconds they took on the development machine
+(`SECONDS_PER_DET`, `SECONDS_PER_VAR`, `SECONDS_PER_OPTION`), so a fixed seed gives the
+same plan and the refinement ends near its limit in CPU time. A whole-program solve
+that ends at its deterministic limit without a better plan is repeated with twice the
+limit; one the solver proves optimal without a better plan ends the search.
 The refinement returns the greedy layout unless it found a strictly faster one.
 """
 
@@ -47,6 +63,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,15 +95,26 @@ MAX_GRID_CHANGES = 2
 rank times is measured alone, and the full model's max(sent, received) per link makes
 several changes together less than additive."""
 
+PLATEAU = 2e-3
+"""Ranks within this fraction of the step time share the maximum (the plateau)."""
+
+PLATEAU_RANKS = 3
+"""Plateau ranks that join the critical rank in one neighbourhood."""
+
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
 
-LNS_STEPS_PER_SECOND = 1
-"""Neighbourhoods allowed per second of time limit. Building, solving and re-costing one
-neighbourhood of `LNS_STEP_DET` deterministic seconds took 0.5-1.2 s of CPU on the 2-core
-development machine (CP-SAT's deterministic time runs slower than the clock there), so
-one per second keeps the plan command within its limit, as deterministically as the
-solver's own limit."""
+SECONDS_PER_DET = 4.0
+"""CPU seconds per deterministic second of CP-SAT's search (without presolve) on the
+2-core development machine: solves of 0.25 deterministic seconds took 0.4-1.25 s of
+CPU there."""
+
+SECONDS_PER_VAR = 6e-5
+"""CPU seconds of building one boolean of a neighbourhood model and its terms (models
+of 1,500-1,800 booleans took 0.05-0.1 s to build)."""
+
+SECONDS_PER_OPTION = 1.5e-3
+"""CPU seconds of measuring one grid option in the full model (its U_o)."""
 
 LNS_STEP_DET = 0.25
 """Deterministic seconds of solver work per neighbourhood."""
@@ -114,6 +142,8 @@ class RefineResult:
     bound: float | None
     """CP-SAT's lower bound on that makespan (seconds)."""
     deterministic_time: float
+    """The work the search counted against its time limit (seconds; see the module
+    docstring): deterministic, unlike the clock."""
     message: str
 
 
@@ -136,12 +166,30 @@ class _Option:
     """Per cell (ns, int64): `hbm` (owner's HBM work) and the owner's side of each
     all-to-all link (`dist_intra`, `dist_inter`: keys received; `res_intra`,
     `res_inter`: results sent, forward and backward)."""
+    other: dict[str, np.ndarray] | None = None
+    """Per cell (ns, int64): what it puts on the other side of each link of one rank that
+    talks to it: keys that rank sends it (`dist_*`), results that rank receives from it
+    (`res_*`); intra-node links for the ranks of its node, inter-node for the others."""
     allowed: np.ndarray | None = None
 
 
 def _norm(t: np.ndarray) -> float:
     m = float(t.max())
     return m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM) if m > 0 else 0.0
+
+
+def _shared_seconds(st: RankState) -> float:
+    """The part of a rank's time that every rank shares (requester lookups of dp tables,
+    kernel launches, fixed latencies, the dp exchange): its time less its owner HBM work
+    and its all-to-all links, which the model has as variables."""
+    cm = st.cm
+    lk = st.links()
+    t = st.times() - st.hbm_own / cm.bw_hbm
+    for k in LINKS:
+        sent, received = lk[k]
+        bw = cm.bw_intra if k.endswith("intra") else cm.bw_inter
+        t = t - np.maximum(np.maximum(sent, received), 0.0) * (2.0 if k[0] == "r" else 1.0) / bw
+    return float(t.max())
 
 
 def _clone(st: RankState) -> RankState:
@@ -204,23 +252,39 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             templates.append((n, Placement(kind="dp", exchange=ex)))  # type: ignore[arg-type]
         empty = np.zeros(0, dtype=np.int64)
         return _Option(
-            u, d, templates, empty, empty, int(np.ceil(uni)), parts={k: empty for k in PARTS}
+            u,
+            d,
+            templates,
+            empty,
+            empty,
+            int(np.ceil(uni)),
+            parts={k: empty for k in PARTS},
+            other={k: empty for k in LINKS},
         )
     load, mem, templates = unit_cells(cm, u, d)
     uni = 0.0
     parts = {k: np.zeros(d.r * d.c) for k in PARTS}
+    other = {k: np.zeros(d.r * d.c) for k in LINKS}
     W, G = cm.W, cm.G
     for n, p in templates:
         cv = cm.grid_values(cm.facts[n], p)
         parts["hbm"] += cv.hbm_own / cm.bw_hbm
         parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
         parts["dist_inter"] += (W - G) * cv.dist / cm.bw_inter
+        other["dist_intra"] += cv.dist / cm.bw_intra
+        other["dist_inter"] += cv.dist / cm.bw_inter
         if d.hierarchical and cm.nodes > 1:
-            # partials for other nodes go to the rail peer inside the node
+            # partials for other nodes go to the rail peer inside the node; one summed
+            # vector per column range leaves the node (a 1/r share per row shard cell:
+            # all of them are on one node)
             parts["res_intra"] += 2.0 * cm.nodes * (G - 1) * cv.res / cm.bw_intra
+            other["res_intra"] += 2.0 * cm.nodes * cv.res / cm.bw_intra
+            other["res_inter"] += 2.0 * cv.res / cm.bw_inter / d.r
         else:
             parts["res_intra"] += 2.0 * (G - 1) * cv.res / cm.bw_intra
             parts["res_inter"] += 2.0 * (W - G) * cv.res / cm.bw_inter
+            other["res_intra"] += 2.0 * cv.res / cm.bw_intra
+            other["res_inter"] += 2.0 * cv.res / cm.bw_inter
         uni += cv.buf_all
     return _Option(
         u,
@@ -230,6 +294,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         np.ceil(mem).astype(np.int64),
         int(np.ceil(uni)),
         parts={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in parts.items()},
+        other={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in other.items()},
     )
 
 
@@ -260,6 +325,8 @@ class _Refiner:
         self.state = cm.layout_state(self.layout)
         self.times = self.state.times()
         self._options: dict[tuple[str, Decision], _Option] = {}
+        self.last_work = 0.0
+        """Estimated CPU seconds of building the last neighbourhood's model."""
 
     def option(self, u: Unit, d: Decision) -> _Option:
         key = (u.name, d)
@@ -269,18 +336,27 @@ class _Refiner:
         return o
 
     def neighbourhood(
-        self, rng: np.random.Generator, whole: bool
+        self, rng: np.random.Generator, whole: bool, plateau: bool = False
     ) -> tuple[list[int], list[Unit], list[Unit]]:
         """Free ranks, free units (grid and placement re-decided) and partly free units
         (keep their grid; their cells on free ranks may move among them) of the next
-        neighbourhood."""
+        neighbourhood. With `plateau`, a few other ranks that share the maximum join the
+        critical rank."""
         cm = self.cm
         if whole:
             return list(range(cm.W)), list(self.units), []
         t = self.times
         crit = int(np.argmax(t))
         free = {crit}
-        on_crit = [u for u in self.units if crit in self.ranks[u.name].tolist()]
+        # the plateau: the ranks that share the maximum (within PLATEAU), of which a
+        # random few join the critical rank, so that the neighbourhood can lower all of
+        # them at once
+        top = [int(a) for a in np.flatnonzero(t >= t[crit] * (1.0 - PLATEAU)) if int(a) != crit]
+        if plateau and top:
+            k = min(len(top), PLATEAU_RANKS)
+            free |= {top[int(e)] for e in rng.choice(len(top), size=k, replace=False)}
+        on_top = set(free)
+        on_crit = [u for u in self.units if on_top & set(self.ranks[u.name].tolist())]
         on_crit.sort(key=lambda u: -float(self.option(u, self.decision[u.name]).load.sum()))
         for u in on_crit:
             more = free | set(self.ranks[u.name].tolist())
@@ -302,6 +378,10 @@ class _Refiner:
         ]
         first = [u for u in inside if u in on_crit]
         others = [u for u in inside if u not in on_crit]
+        if plateau and len(first) > MAX_FREE_UNITS // 2:
+            rng.shuffle(first)  # type: ignore[arg-type]
+            others = first[MAX_FREE_UNITS // 2 :] + others
+            first = first[: MAX_FREE_UNITS // 2]
         rng.shuffle(others)  # type: ignore[arg-type]
         chosen = (first + others)[:MAX_FREE_UNITS]
         dps = [u for u in self.units if self.decision[u.name].kind == "dp"]
@@ -363,7 +443,7 @@ class _Refiner:
             # the linearisation is around the current plan, one unit at a time
             cur_o = self.option(u, cur)
             _apply(work, cur_o, self.ranks[u.name], -1.0)
-            t_u = work.times()
+            shared_u = _shared_seconds(work)
             free_mask = np.zeros(cm.W, dtype=bool)
             free_mask[ranks_f] = True
             home = (
@@ -380,25 +460,20 @@ class _Refiner:
                 if d != cur and cost > budget:
                     continue
                 budget -= cost
-                # U_o per rank: the option placed on the lightest free ranks (or where it
-                # is) in the current plan, the change of every rank's time besides the
-                # owner loads (receiving differs between the owners' node and the others)
+                # U_o: what the option adds to every rank besides owner HBM work and
+                # links (requester lookups, launches, latencies, the dp exchange), the
+                # same on every rank; measured with the option in the current plan, on
+                # the lightest free ranks (or where it is)
                 if d == cur:
                     where = self.ranks[u.name]
                 else:
                     ok = [a for a in light if allowed[a]] or light
                     where = np.array([ok[i % len(ok)] for i in range(len(o.load))], np.int64)
                 _apply(work, o, where, 1.0)
-                delta = work.times() - t_u
+                delta = _shared_seconds(work) - shared_u
                 _apply(work, o, where, -1.0)
-                own = np.zeros(cm.W)
-                np.add.at(own, where, o.load / TIME_SCALE)
-                holders = own > 0
-                if holders.any() and (~holders).any():
-                    # a holder's own change is the owner side; the rest as elsewhere
-                    delta[holders] = float(np.median(delta[~holders]))
                 uni = copy.copy(o)
-                uni.uni = np.maximum(np.round(delta * TIME_SCALE), 0).astype(np.int64)
+                uni.uni = np.full(cm.W, max(0, int(round(delta * TIME_SCALE))), dtype=np.int64)
                 uni.uni_load = int(uni.uni.max())
                 uni.allowed = allowed
                 lst.append(uni)
@@ -415,13 +490,28 @@ class _Refiner:
                     cur_uni += o.uni
         # the owner sides of the movable cells, and each link's two sides now (ns)
         cur_part = {k: np.zeros(cm.W, dtype=np.int64) for k in PARTS}
+        # what the movable cells put on the other side of the links, per rank they are on
+        cur_oth = {k: np.zeros(cm.W, dtype=np.int64) for k in LINKS}
         for u in free_units + partial_units:
             o = self.option(u, self.decision[u.name])
-            assert o.parts is not None
+            assert o.parts is not None and o.other is not None
             cells = range(len(o.load)) if u.name not in movable else movable[u.name]
             for c in cells:
+                b = int(self.ranks[u.name][c])
                 for k in PARTS:
-                    cur_part[k][int(self.ranks[u.name][c])] += int(o.parts[k][c])
+                    cur_part[k][b] += int(o.parts[k][c])
+                for k in LINKS:
+                    cur_oth[k][b] += int(o.other[k][c])
+        # ... and so on the other side of each free rank: the cells on the other ranks of
+        # its node (intra-node links) or on the other nodes (inter-node links)
+        node_oth = {k: np.bincount(cm.node_of, cur_oth[k], cm.nodes) for k in LINKS}
+        cur_other = {}
+        for k in LINKS:
+            at_node = node_oth[k][cm.node_of].astype(np.int64)
+            if k.endswith("intra"):
+                cur_other[k] = at_node - cur_oth[k]
+            else:
+                cur_other[k] = int(cur_oth[k].sum()) - at_node
         links = self.state.links()
         bw = {"intra": cm.bw_intra, "inter": cm.bw_inter}
         var_ns: dict[str, np.ndarray] = {}
@@ -440,6 +530,9 @@ class _Refiner:
         x: dict[tuple[str, int, int, int], cp_model.IntVar] = {}
         terms: dict[str, dict[int, list[tuple[int, cp_model.IntVar]]]] = {
             k: {a: [] for a in ranks_f} for k in PARTS
+        }
+        oterms: dict[str, dict[int, list[tuple[int, cp_model.IntVar]]]] = {
+            k: {a: [] for a in ranks_f} for k in LINKS
         }
         mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
         uni_load: list[tuple[np.ndarray, cp_model.IntVar]] = []
@@ -465,10 +558,13 @@ class _Refiner:
                         xv = m.new_bool_var(f"x_{u.name}_{oi}_{c}_{a}")
                         x[u.name, oi, c, a] = xv
                         xs.append(xv)
-                        assert o.parts is not None
+                        assert o.parts is not None and o.other is not None
                         for k in PARTS:
                             if o.parts[k][c]:
                                 terms[k][a].append((int(o.parts[k][c]), xv))
+                        for k in LINKS:
+                            if o.other[k][c]:
+                                oterms[k][a].append((int(o.other[k][c]), xv))
                         mem_terms[a].append((int(o.mem[c]), xv))
                         on = o.d == cur and int(self.ranks[u.name][c]) == a
                         hints.append((xv, int(on)))
@@ -490,31 +586,63 @@ class _Refiner:
                     xv = m.new_bool_var(f"p_{u.name}_{c}_{a}")
                     x[u.name, -1, c, a] = xv
                     xs.append(xv)
-                    assert o.parts is not None
+                    assert o.parts is not None and o.other is not None
                     for k in PARTS:
                         if o.parts[k][c]:
                             terms[k][a].append((int(o.parts[k][c]), xv))
+                    for k in LINKS:
+                        if o.other[k][c]:
+                            oterms[k][a].append((int(o.other[k][c]), xv))
                     mem_terms[a].append((int(o.mem[c]), xv))
                     hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
                 m.add_exactly_one(xs)
         capacity = int(cm.capacity)
-        top = int(max(0, t_ns.max())) + sum(
-            int(o.load.sum()) + o.uni_load + sum(int(v.sum()) for v in (o.parts or {}).values())
+        top = int(max(0, t_ns.max(), *(int(v.max()) for v in fix_ns.values()))) + sum(
+            int(o.load.sum())
+            + o.uni_load
+            + sum(int(v.sum()) for v in (o.parts or {}).values())
+            + sum(int(v.sum()) for v in (o.other or {}).values())
             for lst in opts.values()
             for o in lst
         )
         T = m.new_int_var(0, top + 1, "T")
-        umem = sum(c * v for c, v in uni_mem)
         z_hints: list[tuple[cp_model.IntVar, int]] = []
+        # the other side of each link, per node of the free ranks: what the cells placed
+        # on the node put there (S), and per free rank: what its own cells put (own)
+        f_nodes = sorted({int(cm.node_of[a]) for a in ranks_f})
+        node_sum: dict[tuple[str, int], cp_model.IntVar] = {}
+        own_oth: dict[tuple[str, int], Any] = {}
+        for k in LINKS:
+            for n in f_nodes:
+                sv = m.new_int_var(0, top + 1, f"s_{k}_{n}")
+                own_n = []
+                for a in ranks_f:
+                    if int(cm.node_of[a]) == n:
+                        own_oth[k, a] = sum(c * v for c, v in oterms[k][a])
+                        own_n += oterms[k][a]
+                m.add(sv == sum(c * v for c, v in own_n))
+                node_sum[k, n] = sv
+                # its value in the current plan (the hint): every movable cell is on a
+                # free rank
+                z_hints.append(
+                    (sv, int(sum(int(cur_oth[k][a]) for a in ranks_f if cm.node_of[a] == n)))
+                )
+        umem = sum(c * v for c, v in uni_mem)
         for a in ranks_f:
             uload = sum(int(c[a]) * v for c, v in uni_load if c[a])
             # each link costs its busier side: the owner side (fixed part plus the cells
-            # placed here) or the other side as it is now
+            # placed here) or the other side (fixed part plus the cells on the other ranks
+            # of the node, for intra-node links, or on the other nodes)
             zs = []
             for k in LINKS:
                 z = m.new_int_var(0, top + 1, f"z_{k}_{a}")
                 v0 = int(var_ns[k][a] - cur_part[k][a])
-                m.add(z >= int(fix_ns[k][a]))
+                w0 = int(fix_ns[k][a] - cur_other[k][a])
+                here = node_sum[k, int(cm.node_of[a])]
+                if k.endswith("intra"):
+                    m.add(z >= w0 + here - own_oth[k, a])
+                else:
+                    m.add(z >= w0 + sum(node_sum[k, n] for n in f_nodes) - here)
                 m.add(z >= v0 + sum(c * v for c, v in terms[k][a]))
                 z_hints.append((z, int(max(fix_ns[k][a], var_ns[k][a]))))
                 zs.append(z)
@@ -553,6 +681,9 @@ class _Refiner:
         for z, h in z_hints:
             m.add_hint(z, h)
         m.add_hint(T, max(int(t_ns[ranks_f].max()), 0))
+        self.last_work = SECONDS_PER_VAR * (len(x) + len(y)) + SECONDS_PER_OPTION * sum(
+            len(lst) for lst in opts.values()
+        )
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = seed
@@ -560,6 +691,9 @@ class _Refiner:
         # the linearised model is within about 1 % of the full one: a tighter gap buys
         # nothing the re-costing would keep
         solver.parameters.relative_gap_limit = 0.0005
+        # no presolve: on these models it spends most of a neighbourhood's deterministic
+        # limit, and a solve stopped in presolve returns nothing, not even the hint
+        solver.parameters.cp_model_presolve = False
         # a wall-clock safety net far above the deterministic limit (it never binds in
         # practice, so results stay reproducible)
         solver.parameters.max_time_in_seconds = 10.0 * time_limit + 30.0
@@ -644,40 +778,51 @@ def refine(
     whole = cm.W <= MAX_RANKS and len(g.units) <= WHOLE_UNITS
     best_t, best_layout = float(ref.times.max()), dict(ref.layout)
     cur_norm = _norm(ref.times)
-    max_steps = max(2, int(LNS_STEPS_PER_SECOND * time_limit))
     per_step = min(time_limit / 4, WHOLE_STEP_DET) if whole else LNS_STEP_DET
     spent = 0.0
     steps = improved = stall = 0
     last: tuple[str, float, float] | None = None
-    stall_limit = 2 if whole else LNS_STALL
-    while spent < time_limit - 1e-9 and stall < stall_limit and steps < max_steps:
-        ranks_f, free_units, partial_units = ref.neighbourhood(rng, whole)
+    while spent < time_limit - 1e-9 and stall < LNS_STALL:
+        # the two kinds of neighbourhood alternate: around the critical rank alone, and
+        # around it with others of the plateau
+        ranks_f, free_units, partial_units = ref.neighbourhood(rng, whole, steps % 2 == 1)
         if not free_units and not partial_units:
             stall += 1
             steps += 1
             spent += per_step
             continue
+        ref.last_work = 0.0
         status, chosen, obj, bound, dt = ref.step(
-            ranks_f, free_units, partial_units, min(per_step, time_limit - spent), seed + steps
+            ranks_f,
+            free_units,
+            partial_units,
+            min(per_step, (time_limit - spent) / SECONDS_PER_DET),
+            seed + steps,
         )
         free_units = free_units + partial_units
-        spent += dt if dt > 0 else per_step
+        spent += SECONDS_PER_DET * dt + ref.last_work
         steps += 1
-        if not chosen:
+        better = False
+        if chosen:
+            st = ref.trial(free_units, chosen)
+            times = st.times()
+            norm = _norm(times)
+            if norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9):
+                better = True
+                ref.accept(free_units, chosen, st, times)
+                cur_norm, stall = norm, 0
+                last = (status if whole else "feasible", obj, bound)
+                if float(times.max()) < best_t * (1 - 1e-9):
+                    best_t, best_layout = float(times.max()), dict(ref.layout)
+                    improved += 1
+        if not better:
             stall += 1
-            continue
-        st = ref.trial(free_units, chosen)
-        times = st.times()
-        norm = _norm(times)
-        if norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9):
-            ref.accept(free_units, chosen, st, times)
-            cur_norm, stall = norm, 0
-            last = (status if whole else "feasible", obj, bound)
-            if float(times.max()) < best_t * (1 - 1e-9):
-                best_t, best_layout = float(times.max()), dict(ref.layout)
-                improved += 1
-        else:
-            stall += 1
+            if whole:
+                if status == "optimal":
+                    # the model's best is the current plan: solving it again finds the same
+                    break
+                # the solve ended at its limit: give the next one twice as long
+                per_step *= 2.0
         if progress is not None:
             progress("cp-sat", min(1.0, spent / time_limit), best_t)
     # the kept layout is re-costed from scratch: no drift of the incremental sums decides
