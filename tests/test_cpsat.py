@@ -149,3 +149,16 @@ def test_plateau_neighbourhoods_free_the_ranks_that_share_the_maximum():
     plateau, _, _ = ref.neighbourhood(np.random.default_rng(0), False, plateau=True)
     assert not top <= set(plain)
     assert top <= set(plateau)
+
+
+def test_grown_neighbourhoods_free_more_ranks_and_units():
+    """When small neighbourhoods are proven to hold nothing faster, the search doubles
+    them: twice the ranks (up to 2 x MAX_RANKS) and units."""
+    from embarkc.planner import cpsat
+
+    cm = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", nodes=16))
+    ref = cpsat._Refiner(cm, greedy(cm))
+    small = ref.neighbourhood(np.random.default_rng(0), False)
+    large = ref.neighbourhood(np.random.default_rng(0), False, scale=2)
+    assert len(small[0]) <= cpsat.MAX_RANKS < len(large[0]) <= 2 * cpsat.MAX_RANKS
+    assert len(large[1]) > len(small[1])

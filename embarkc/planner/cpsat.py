@@ -46,8 +46,10 @@ ranks of the units on it, the lightest ranks and seeded random others; or the sa
 around the critical rank and a few other ranks that share the maximum (the plateau: a
 plan whose top ranks tie cannot lower its step time by relieving one of them). The free
 units are those whose cells all lie there, plus a few dp units; units spread further
-keep their grid, and their cells on the free ranks may move among them. Small programs
-are solved whole (every unit, every rank).
+keep their grid, and their cells on the free ranks may move among them. When CP-SAT
+has proven GROW_AFTER neighbourhoods in a row to hold nothing faster, the neighbourhoods
+double (ranks and units, up to MAX_SCALE times). Small programs are solved whole (every
+unit, every rank).
 Each solve uses one worker and `max_deterministic_time`. The time limit is spent in a
 deterministic count of work: every neighbourhood costs its solver's deterministic time
 and the size of its model, at the CPU seconds they took on the development machine
@@ -102,13 +104,20 @@ PLATEAU = 2e-3
 PLATEAU_RANKS = 3
 """Plateau ranks that join the critical rank in one neighbourhood."""
 
+GROW_AFTER = 4
+"""Consecutive neighbourhoods that CP-SAT proves hold nothing faster (optimal at the
+current plan) after which the neighbourhoods double (ranks and units), up to MAX_SCALE
+times the first size: the small ones are exhausted, and time is left."""
+
+MAX_SCALE = 4
+
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
 
-SECONDS_PER_DET = 4.0
+SECONDS_PER_DET = 4.5
 """CPU seconds per deterministic second of CP-SAT's search (without presolve) on the
 2-core development machine: solves of 0.25 deterministic seconds took 0.4-1.25 s of
-CPU there."""
+CPU there, up to 1.9 s when the shared machine ran slow."""
 
 SECONDS_PER_VAR = 6e-5
 """CPU seconds of building one boolean of a neighbourhood model and its terms (models
@@ -337,13 +346,15 @@ class _Refiner:
         return o
 
     def neighbourhood(
-        self, rng: np.random.Generator, whole: bool, plateau: bool = False
+        self, rng: np.random.Generator, whole: bool, plateau: bool = False, scale: int = 1
     ) -> tuple[list[int], list[Unit], list[Unit]]:
         """Free ranks, free units (grid and placement re-decided) and partly free units
         (keep their grid; their cells on free ranks may move among them) of the next
         neighbourhood. With `plateau`, a few other ranks that share the maximum join the
-        critical rank."""
+        critical rank; `scale` multiplies the numbers of ranks and units."""
         cm = self.cm
+        lns_ranks, max_ranks = LNS_RANKS * scale, MAX_RANKS * scale
+        max_free = MAX_FREE_UNITS * scale
         if whole:
             return list(range(cm.W)), list(self.units), []
         t = self.times
@@ -361,13 +372,13 @@ class _Refiner:
         on_crit.sort(key=lambda u: -float(self.option(u, self.decision[u.name]).load.sum()))
         for u in on_crit:
             more = free | set(self.ranks[u.name].tolist())
-            if len(more) <= MAX_RANKS:
+            if len(more) <= max_ranks:
                 free = more
         order = [int(a) for a in np.argsort(t, kind="stable") if int(a) not in free]
-        for a in order[: LNS_RANKS // 2]:
+        for a in order[: lns_ranks // 2]:
             free.add(a)
         rest = [a for a in order if a not in free]
-        k = min(len(rest), max(0, LNS_RANKS - LNS_RANKS // 2 - 1))
+        k = min(len(rest), max(0, lns_ranks - lns_ranks // 2 - 1))
         for e in rng.choice(len(rest), size=k, replace=False) if k else []:
             free.add(rest[int(e)])
         ranks = sorted(free)
@@ -379,12 +390,12 @@ class _Refiner:
         ]
         first = [u for u in inside if u in on_crit]
         others = [u for u in inside if u not in on_crit]
-        if plateau and len(first) > MAX_FREE_UNITS // 2:
+        if plateau and len(first) > max_free // 2:
             rng.shuffle(first)  # type: ignore[arg-type]
-            others = first[MAX_FREE_UNITS // 2 :] + others
-            first = first[: MAX_FREE_UNITS // 2]
+            others = first[max_free // 2 :] + others
+            first = first[: max_free // 2]
         rng.shuffle(others)  # type: ignore[arg-type]
-        chosen = (first + others)[:MAX_FREE_UNITS]
+        chosen = (first + others)[:max_free]
         dps = [u for u in self.units if self.decision[u.name].kind == "dp"]
         if dps:
             pick = rng.choice(len(dps), size=min(DP_FREE_UNITS, len(dps)), replace=False)
@@ -398,7 +409,7 @@ class _Refiner:
             and fr & set(self.ranks[u.name].tolist())
         ]
         partial = ([u for u in partial if u in on_crit] + [u for u in partial if u not in on_crit])[
-            :MAX_FREE_UNITS
+            :max_free
         ]
         order_ix = {u.name: i for i, u in enumerate(self.units)}
         return (
@@ -781,12 +792,13 @@ def refine(
     cur_norm = _norm(ref.times)
     per_step = min(time_limit / 4, WHOLE_STEP_DET) if whole else LNS_STEP_DET
     spent = 0.0
-    steps = improved = stall = 0
+    steps = improved = stall = proven = 0
+    scale = 1
     last: tuple[str, float, float] | None = None
     while spent < time_limit - 1e-9 and stall < LNS_STALL:
         # the two kinds of neighbourhood alternate: around the critical rank alone, and
         # around it with others of the plateau
-        ranks_f, free_units, partial_units = ref.neighbourhood(rng, whole, steps % 2 == 1)
+        ranks_f, free_units, partial_units = ref.neighbourhood(rng, whole, steps % 2 == 1, scale)
         if not free_units and not partial_units:
             stall += 1
             steps += 1
@@ -818,6 +830,14 @@ def refine(
                     improved += 1
         if not better:
             stall += 1
+            proven = proven + 1 if status == "optimal" else 0
+            if (
+                not whole
+                and proven >= GROW_AFTER
+                and scale < MAX_SCALE
+                and MAX_RANKS * scale < cm.W
+            ):
+                scale, proven = scale * 2, 0
             if whole:
                 if status == "optimal":
                     # the model's best is the current plan: solving it again finds the same
