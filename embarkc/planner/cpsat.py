@@ -110,6 +110,7 @@ current plan) after which the neighbourhoods double (ranks and units), up to MAX
 times the first size: the small ones are exhausted, and time is left."""
 
 MAX_SCALE = 4
+"""Most times the first size a neighbourhood grows to (64 ranks, 128 units)."""
 
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
