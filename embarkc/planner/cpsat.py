@@ -170,9 +170,7 @@ class _Option:
     uni_mem: int
     """M_o, bytes on every rank."""
     uni_load: int = 0
-    """The largest entry of `uni` (ns)."""
-    uni: np.ndarray | None = None
-    """U_o per rank (ns, int64): what the option adds to the rank besides its owner loads."""
+    """U_o (ns): what the option adds to every rank besides owner HBM work and links."""
     parts: dict[str, np.ndarray] | None = None
     """Per cell (ns, int64): `hbm` (owner's HBM work) and the owner's side of each
     all-to-all link (`dist_intra`, `dist_inter`: keys received; `res_intra`,
@@ -189,6 +187,13 @@ def _norm(t: np.ndarray) -> float:
     return m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM) if m > 0 else 0.0
 
 
+def _per_byte(cm: CostModel, link: str) -> float:
+    """Seconds per byte on the busier side of all-to-all `link`, as `RankState.components`
+    counts it: results cross twice (forward and backward), keys once."""
+    bw = cm.bw_intra if link.endswith("intra") else cm.bw_inter
+    return (2.0 if link.startswith("res") else 1.0) / bw
+
+
 def _shared_seconds(st: RankState) -> float:
     """The part of a rank's time that every rank shares (requester lookups of dp tables,
     kernel launches, fixed latencies, the dp exchange): its time less its owner HBM work
@@ -198,8 +203,7 @@ def _shared_seconds(st: RankState) -> float:
     t = st.times() - st.hbm_own / cm.bw_hbm
     for k in LINKS:
         sent, received = lk[k]
-        bw = cm.bw_intra if k.endswith("intra") else cm.bw_inter
-        t = t - np.maximum(np.maximum(sent, received), 0.0) * (2.0 if k[0] == "r" else 1.0) / bw
+        t = t - np.maximum(np.maximum(sent, received), 0.0) * _per_byte(cm, k)
     return float(t.max())
 
 
@@ -364,10 +368,11 @@ class _Refiner:
         # the plateau: the ranks that share the maximum (within PLATEAU), of which a
         # random few join the critical rank, so that the neighbourhood can lower all of
         # them at once
-        top = [int(a) for a in np.flatnonzero(t >= t[crit] * (1.0 - PLATEAU)) if int(a) != crit]
-        if plateau and top:
-            k = min(len(top), PLATEAU_RANKS)
-            free |= {top[int(e)] for e in rng.choice(len(top), size=k, replace=False)}
+        if plateau:
+            top = [int(a) for a in np.flatnonzero(t >= t[crit] * (1 - PLATEAU)) if int(a) != crit]
+            if top:
+                k = min(len(top), PLATEAU_RANKS)
+                free |= {top[int(e)] for e in rng.choice(len(top), size=k, replace=False)}
         on_top = set(free)
         on_crit = [u for u in self.units if on_top & set(self.ranks[u.name].tolist())]
         on_crit.sort(key=lambda u: -float(self.option(u, self.decision[u.name]).load.sum()))
@@ -486,8 +491,7 @@ class _Refiner:
                 delta = _shared_seconds(work) - shared_u
                 _apply(work, o, where, -1.0)
                 uni = copy.copy(o)
-                uni.uni = np.full(cm.W, max(0, int(round(delta * TIME_SCALE))), dtype=np.int64)
-                uni.uni_load = int(uni.uni.max())
+                uni.uni_load = max(0, int(round(delta * TIME_SCALE)))
                 uni.allowed = allowed
                 lst.append(uni)
             opts[u.name] = lst
@@ -495,12 +499,9 @@ class _Refiner:
 
         # linearise around the current plan: base times such that the model gives the
         # current plan exactly the full model's rank times
-        cur_uni = np.zeros(cm.W, dtype=np.int64)
-        for lst in opts.values():
-            for o in lst:
-                if o.d == self.decision[o.unit.name]:
-                    assert o.uni is not None
-                    cur_uni += o.uni
+        cur_uni = sum(
+            o.uni_load for lst in opts.values() for o in lst if o.d == self.decision[o.unit.name]
+        )
         # the owner sides of the movable cells, and each link's two sides now (ns)
         cur_part = {k: np.zeros(cm.W, dtype=np.int64) for k in PARTS}
         # what the movable cells put on the other side of the links, per rank they are on
@@ -526,12 +527,11 @@ class _Refiner:
             else:
                 cur_other[k] = int(cur_oth[k].sum()) - at_node
         links = self.state.links()
-        bw = {"intra": cm.bw_intra, "inter": cm.bw_inter}
         var_ns: dict[str, np.ndarray] = {}
         fix_ns: dict[str, np.ndarray] = {}
         for k in LINKS:
             sent, received = links[k]
-            scale = TIME_SCALE / bw[k.split("_")[1]] * (2.0 if k.startswith("res") else 1.0)
+            scale = TIME_SCALE * _per_byte(cm, k)
             own_side, other = (received, sent) if k.startswith("dist") else (sent, received)
             var_ns[k] = np.round(np.maximum(own_side, 0) * scale).astype(np.int64)
             fix_ns[k] = np.round(np.maximum(other, 0) * scale).astype(np.int64)
@@ -548,7 +548,7 @@ class _Refiner:
             k: {a: [] for a in ranks_f} for k in LINKS
         }
         mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
-        uni_load: list[tuple[np.ndarray, cp_model.IntVar]] = []
+        uni_load: list[tuple[int, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
         hints: list[tuple[cp_model.IntVar, int]] = []
         keep: list[cp_model.IntVar] = []
@@ -560,8 +560,7 @@ class _Refiner:
                 y[u.name, oi] = v
                 ys.append(v)
                 hints.append((v, int(o.d == cur)))
-                assert o.uni is not None
-                uni_load.append((o.uni, v))
+                uni_load.append((o.uni_load, v))
                 uni_mem.append((o.uni_mem, v))
                 assert o.allowed is not None
                 cand = [a for a in ranks_f if o.allowed[a]]
@@ -637,12 +636,10 @@ class _Refiner:
                 node_sum[k, n] = sv
                 # its value in the current plan (the hint): every movable cell is on a
                 # free rank
-                z_hints.append(
-                    (sv, int(sum(int(cur_oth[k][a]) for a in ranks_f if cm.node_of[a] == n)))
-                )
+                z_hints.append((sv, int(node_oth[k][n])))
         umem = sum(c * v for c, v in uni_mem)
+        uload = sum(c * v for c, v in uni_load if c)
         for a in ranks_f:
-            uload = sum(int(c[a]) * v for c, v in uni_load if c[a])
             # each link costs its busier side: the owner side (fixed part plus the cells
             # placed here) or the other side (fixed part plus the cells on the other ranks
             # of the node, for intra-node links, or on the other nodes)
@@ -669,11 +666,9 @@ class _Refiner:
             out_t = int(t_ns[out_f].max())
             out_u = []
             for u in free_units:
-                cur_uni_u = next(o for o in opts[u.name] if o.d == self.decision[u.name]).uni
-                assert cur_uni_u is not None
+                cur_u = next(o for o in opts[u.name] if o.d == self.decision[u.name]).uni_load
                 for oi, o in enumerate(opts[u.name]):
-                    assert o.uni is not None
-                    change = int((o.uni[out_f] - cur_uni_u[out_f]).max())
+                    change = o.uni_load - cur_u
                     if change:
                         out_u.append((change, y[u.name, oi]))
             # no worse than the plan's step time now: T itself is the makespan of the free
@@ -805,7 +800,6 @@ def refine(
             steps += 1
             spent += per_step
             continue
-        ref.last_work = 0.0
         status, chosen, obj, bound, dt = ref.step(
             ranks_f,
             free_units,
