@@ -21,6 +21,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,45 @@ def summarize(spec: str, topologies: list[str], res: dict) -> list[str]:
     return out
 
 
+def report_head(title: str, script: str, argv: list[str] | None, note: str) -> list[str]:
+    """The first lines of a results file: title, command, date, commit, machine, `note`."""
+    command = f"python bench/{script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = "?"
+    return [
+        f"# {title} (bench/{script})",
+        "",
+        f"Command: `{command.strip()}`  ",
+        f"Date: {started}, commit {commit or '?'}  ",
+        f"Machine: {platform.machine()} {platform.system()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()} (shared with other jobs; timings are wall clock)",
+        "",
+        note,
+        "",
+    ]
+
+
+def write_report(
+    out: str, head: list[str], specs: list[str], part_of: Callable[[str], list[str]]
+) -> None:
+    """Run `part_of(spec)` for every spec, printing each part and rewriting `out` (head and
+    the parts so far) after each, so that an interrupted run keeps what it measured."""
+    body: list[str] = []
+    for spec in specs:
+        start = time.perf_counter()
+        part = part_of(spec)
+        part.insert(1, f"({time.perf_counter() - start:.0f} s in all)")
+        print("\n".join(part), flush=True)
+        body += part
+        Path(out).write_text("\n".join(head + body) + "\n")
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=SPECS)
@@ -158,40 +198,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_quality.md"))
     args = ap.parse_args(argv)
-    command = "python bench/plan_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = "?"
-    head = [
-        "# Plan quality (bench/plan_quality.py)",
-        "",
-        f"Command: `{command.strip()}`  ",
-        f"Date: {started}, commit {commit or '?'}  ",
-        f"Machine: {platform.machine()} {platform.system()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()} (shared with other jobs; timings are wall clock)",
-        "",
+    head = report_head(
+        "Plan quality",
+        "plan_quality.py",
+        argv,
         "Step times are the simulator's (`embarkc.simulate`: exact counts on "
         f"{args.batches} sampled batch(es) of the spec's batch, seed 0, every plan on the "
         "same batches, converted to time with the planner's hardware constants). "
         "`estimate` is the plan's own analytic figure and `diff` its distance to the "
         f"simulation. CP-SAT time limit {args.time_limit:g} s (deterministic). Every plan "
         "is checked by embarkc.planner.check; violations would be shown in bold.",
-        "",
-    ]
-    body: list[str] = []
-    for spec in args.specs:
-        start = time.perf_counter()
+    )
+
+    def part_of(spec: str) -> list[str]:
         res = run_spec(spec, args.topologies, args.batches, args.time_limit)
-        part = summarize(spec, args.topologies, res)
-        part.insert(1, f"({time.perf_counter() - start:.0f} s in all)")
-        print("\n".join(part))
-        body += part
-        Path(args.out).write_text("\n".join(head + body) + "\n")
-    print(f"wrote {args.out}")
+        return summarize(spec, args.topologies, res)
+
+    write_report(args.out, head, args.specs, part_of)
     return 0
 
 

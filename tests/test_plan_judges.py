@@ -1,0 +1,81 @@
+"""bench/plan_judges.py's judges: ours reproduces the simulator, the others convert the
+same counts by their own rules (checked on hand-made counts)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from test_simulate import make_plan
+
+from embarkc.planner import constants as C
+from embarkc.simulate import RankCounts, simulate
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "plan_judges.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("plan_judges", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_embarkc_judge_is_the_simulators_step_time(bench) -> None:
+    for nodes, gpus in ((2, 2), (1, 4)):
+        plan = make_plan(nodes=nodes, gpus=gpus)
+        res = simulate(plan, batches=2, seed=3)
+        ours = bench.step_seconds(plan, res, bench.Judge("embarkc"))
+        assert ours == pytest.approx(res.step_time, rel=1e-12)
+        by = {j.name: bench.step_seconds(plan, res, j) for j in bench.JUDGES}
+        # overlapping links can only shorten a step, slower hardware only lengthen it
+        assert by["pipelined"] <= by["concurrent links"] <= by["embarkc"]
+        assert by["pipelined"] < by["embarkc"]
+        for slower in ("network x0.5", "hbm x0.5", "nvlink x0.5", "latency x5"):
+            assert by[slower] >= by["embarkc"]
+        assert by["hbm x0.5"] > by["embarkc"]
+
+
+def test_judges_convert_hand_made_counts(bench) -> None:
+    plan = make_plan(nodes=2, gpus=2)  # five clusters: 3 all-to-all (1 hierarchical), 2 dp
+    topo = plan.topology
+    bw_h = topo.hbm_bandwidth * C.HBM_EFFICIENCY
+    bw_i = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
+    bw_n = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
+    rc = RankCounts(
+        rank=0,
+        hbm_bytes=bw_h * 1e-3,  # 1 ms of HBM
+        sent={
+            "distributor": {"intra": bw_i * 2e-4, "inter": bw_n * 1e-4},
+            "forward": {"intra": bw_i * 1e-4, "inter": bw_n * 3e-4},
+        },
+        received={
+            "distributor": {"intra": bw_i * 1e-4, "inter": bw_n * 4e-4},
+            "backward": {"intra": bw_i * 1e-4, "inter": bw_n * 3e-4},
+        },
+    )
+    ring = (5e-5, 6e-5)
+    call = C.COLLECTIVE_LATENCY_SECONDS + C.INTER_NODE_LATENCY_SECONDS
+    launches = (3 * (3 + 1) + 2 * 1) * C.KERNEL_LAUNCH_SECONDS
+    fixed = launches + (3 + 2 * 3 + 2 * 1 + 1) * call
+    # links per phase (NVLink, NIC): distributor (2, 4), forward (1, 3), backward (1, 3)
+    serial = 1e-3 + (2 + 4 + 1 + 3 + 1 + 3) * 1e-4 + sum(ring) + fixed
+    concurrent = 1e-3 + (4 + 3 + 3) * 1e-4 + sum(ring) + fixed
+    pipelined = max(1e-3, (2 + 1 + 1) * 1e-4 + ring[0], (4 + 3 + 3) * 1e-4 + ring[1]) + fixed
+    J = bench.Judge
+    assert bench.rank_seconds(plan, rc, ring, J("embarkc")) == pytest.approx(serial)
+    assert bench.rank_seconds(plan, rc, ring, J("c", links="concurrent")) == pytest.approx(
+        concurrent
+    )
+    assert bench.rank_seconds(plan, rc, ring, J("p", links="pipelined")) == pytest.approx(pipelined)
+    slow_net = serial + (4 + 3 + 3) * 1e-4  # the NIC terms double; the ring is given
+    assert bench.rank_seconds(plan, rc, ring, J("n", network=0.5)) == pytest.approx(slow_net)
+    assert bench.rank_seconds(plan, rc, ring, J("h", hbm=0.5)) == pytest.approx(serial + 1e-3)
+    assert bench.rank_seconds(plan, rc, ring, J("l", latency=5.0)) == pytest.approx(
+        serial + 4 * fixed
+    )
