@@ -21,6 +21,11 @@ def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsy
     assert plan.planner.solver == "cp-sat"
     for text in ("step time", "critical rank", "clusters:", "planner:", "baseline table-row-wise"):
         assert text in out
+    pextra = plan.planner.model_extra or {}
+    assert (
+        f"cp-sat objective {pextra['objective'] * 1e3:.3f} ms, "
+        f"bound {pextra['bound'] * 1e3:.3f} ms (of the last model it accepted)"
+    ) in out
     extra = plan.estimate.model_extra or {}
     assert set(extra["components"]) == {"lookup", "distributor", "nvlink", "network", "dp_exchange"}
     assert len(extra["per_table"]) == len(plan.tables)

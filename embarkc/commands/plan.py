@@ -141,6 +141,13 @@ def _print(plan: Any, wall: float, output: str | None) -> None:
         print(f"  {pextra['message']}")
     if "greedy_step_time" in pextra:
         print(f"  greedy step time {_ms(pextra['greedy_step_time'])}")
+    if info.solver == "cp-sat" and pextra.get("objective") is not None:
+        bound = pextra.get("bound")
+        print(
+            f"  cp-sat objective {_ms(pextra['objective'])}"
+            + (f", bound {_ms(bound)}" if bound is not None else "")
+            + " (of the last model it accepted)"
+        )
     for name, t in sorted(pextra.get("baselines", {}).items()):
         print(f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan)")
     if output:
