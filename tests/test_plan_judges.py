@@ -36,6 +36,7 @@ def test_the_embarkc_judge_is_the_simulators_step_time(bench) -> None:
         # overlapping links can only shorten a step, slower hardware only lengthen it
         assert by["pipelined"] <= by["concurrent links"] <= by["embarkc"]
         assert by["pipelined"] < by["embarkc"]
+        assert by["keys hidden"] <= by["embarkc"]
         for slower in ("network x0.5", "hbm x0.5", "nvlink x0.5", "latency x5"):
             assert by[slower] >= by["embarkc"]
         assert by["hbm x0.5"] > by["embarkc"]
@@ -78,4 +79,19 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     assert bench.rank_seconds(plan, rc, ring, J("h", hbm=0.5)) == pytest.approx(serial + 1e-3)
     assert bench.rank_seconds(plan, rc, ring, J("l", latency=5.0)) == pytest.approx(
         serial + 4 * fixed
+    )
+    # keys hidden: the chain without the key phase (1 + 0.8 ms) beats the NIC's total
+    chain = 1e-3 + (1 + 3 + 1 + 3) * 1e-4 + sum(ring)
+    assert bench.rank_seconds(plan, rc, ring, J("k", keys_hidden=True)) == pytest.approx(
+        max(chain, (4 + 3 + 3) * 1e-4 + ring[1]) + fixed
+    )
+    busy = RankCounts(
+        rank=0,
+        hbm_bytes=0.0,
+        sent={"distributor": {"intra": 0.0, "inter": bw_n * 2e-3}},
+        received={"forward": {"intra": 0.0, "inter": bw_n * 1e-3}},
+    )
+    # ... and here the NIC's total, keys included, decides
+    assert bench.rank_seconds(plan, busy, (0.0, 0.0), J("k", keys_hidden=True)) == pytest.approx(
+        3e-3 + fixed
     )
