@@ -10,7 +10,10 @@ several judges that differ from ours in how the hardware is assumed to behave:
 * `embarkc`: our conversion, recomputed here from the counts (checked against the
   simulator's own step time: the bench stops if they differ).
 * `concurrent links`: NCCL drives NVLink and the NIC at once, so each all-to-all phase
-  takes the longer of its NVLink and NIC times instead of their sum.
+  takes the longer of its NVLink and NIC times instead of their sum. The counts do not
+  separate the two steps of hierarchical rb (NVLink to the rail peers, then the NIC), so
+  they overlap too, as in a runtime that pipelines them in chunks (ours runs them one
+  after the other).
 * `pipelined`: HBM work and both links overlap completely (a perfectly pipelined
   runtime); a rank's time is the busiest of its HBM, NVLink and NIC totals plus the fixed
   latencies. An optimistic bound.
