@@ -27,6 +27,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,11 @@ FP32_FLOPS = 67e12
 """H100 SXM5 fp32 (non-tensor) peak, NVIDIA H100 datasheet."""
 
 
-def install(efficiency: float) -> None:
-    """Make every CostModel of this process credit the key prefetch (see above)."""
+def install(efficiency: float, patch: Any = setattr) -> None:
+    """Make every CostModel of this process credit the key prefetch (see above).
+
+    `patch(owner, name, value)` does the replacing (a test passes pytest's
+    `monkeypatch.setattr`, which undoes it)."""
     from embarkc.planner.cost import CostModel, RankState, dense_parameters
 
     components = RankState.components
@@ -61,8 +65,8 @@ def install(efficiency: float) -> None:
         top = dense_parameters(program, pooled) - bottom
         self.key_window = 6.0 * top * self.b / (FP32_FLOPS * efficiency)
 
-    RankState.components = windowed  # type: ignore[method-assign]
-    CostModel.__init__ = with_window  # type: ignore[method-assign]
+    patch(RankState, "components", windowed)
+    patch(CostModel, "__init__", with_window)
 
 
 def main(argv: list[str] | None = None) -> int:
