@@ -102,8 +102,9 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
     call *= judge.latency
     launch = C.KERNEL_LAUNCH_SECONDS * judge.latency
     fixed = (3 * (a2a + dp) + 2 * ub) * launch
+    key_calls = a2a * call if many else 0.0
     if many:
-        fixed += a2a * call + (2 * a2a + 2 * hier) * call + dp * call
+        fixed += key_calls + (2 * a2a + 2 * hier) * call + dp * call
 
     def link(phase: str, lk: str) -> float:
         nbytes = max(rc.sent.get(phase, {}).get(lk, 0.0), rc.received.get(phase, {}).get(lk, 0.0))
@@ -120,7 +121,7 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
         chain = hbm + sum(ti + tn for ti, tn in rest) + ring[0] + ring[1]
         nvl = sum(t for t, _ in per_phase) + ring[0]
         net = sum(t for _, t in per_phase) + ring[1]
-        return max(chain, nvl, net) + fixed
+        return max(chain, nvl, net) + fixed - key_calls  # the key calls hide as well
     if judge.links == "concurrent":
         comm = sum(max(ti, tn) for ti, tn in per_phase)
     else:
