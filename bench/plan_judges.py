@@ -32,7 +32,7 @@ under another. For each judge the bench prints the step time of every plan and t
 the issue sets targets for (>= 2x table-row-wise, >= 1.3x the best fixed strategy under
 that judge, CP-SAT >= greedy), and writes bench/results_judges.md.
 
-    python bench/plan_judges.py [--specs dcnv2 t180] [--topology 16x8] [--time-limit 30]
+    python bench/plan_judges.py [--specs dcnv2 t180] [--topologies 16x8 4x8] [--time-limit 30]
                                 [--batches 1] [--out PATH]
 """
 
@@ -190,7 +190,7 @@ def summarize(spec: str, topology: str, rows: dict[str, Any]) -> list[str]:
     from embarkc.planner.baselines import FIXED
 
     labels = ["embark cp-sat", "embark greedy", *FIXED]
-    out = [f"### {spec} at {topology}", ""]
+    out = [f"#### {spec} at {topology}", ""]
     out.append(
         "| judge | "
         + " | ".join(labels)
@@ -222,7 +222,7 @@ def summarize(spec: str, topology: str, rows: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=SPECS)
-    ap.add_argument("--topology", default="16x8")
+    ap.add_argument("--topologies", nargs="+", default=["16x8"])
     ap.add_argument("--batches", type=int, default=1)
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_judges.md"))
@@ -240,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def part_of(spec: str) -> list[str]:
-        rows = judge_spec(spec, args.topology, args.batches, args.time_limit)
-        return summarize(spec, args.topology, rows)
+        part = [f"### {spec}", ""]
+        for topology in args.topologies:
+            rows = judge_spec(spec, topology, args.batches, args.time_limit)
+            part += summarize(spec, topology, rows)
+        return part
 
     pq.write_report(args.out, head, args.specs, part_of)
     return 0
