@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -21,3 +24,16 @@ if os.environ.get("CI"):
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def load_module(path: Path, name: str | None = None) -> ModuleType:
+    """The Python file `path` (a bench script: bench/ is no package) as module `name`
+    (its stem by default), registered in sys.modules: dataclasses look their module up
+    there."""
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

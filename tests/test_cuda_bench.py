@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,18 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import load_module
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "bench" / "gpu" / "run.sh"
 
 
 def _load(name: str):
     """bench/gpu/<name>.py as the module `name` (bench/gpu is no package)."""
-    spec = importlib.util.spec_from_file_location(name, RUN.parent / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(RUN.parent / f"{name}.py")
 
 
 def _bench():

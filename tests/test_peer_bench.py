@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_module
+
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "peer_torchrec.py"
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("peer_torchrec", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(BENCH)
 
 
 def test_absent_torchrec_skips_with_install_hint(monkeypatch, capsys):

@@ -3,8 +3,6 @@ same counts by their own rules (checked on hand-made counts)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,18 +10,14 @@ from test_simulate import make_plan
 
 from embarkc.planner import constants as C
 from embarkc.simulate import RankCounts, simulate
+from tests.conftest import load_module
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "plan_judges.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("plan_judges", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(BENCH)
 
 
 def test_the_embarkc_judge_is_the_simulators_step_time(bench) -> None:
