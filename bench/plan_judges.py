@@ -39,6 +39,7 @@ that judge, CP-SAT >= greedy), and writes bench/results_judges.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -112,15 +113,14 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
 
     hbm = rc.hbm_bytes / bw_hbm
     per_phase = [(link(p, "intra"), link(p, "inter")) for p in A2A_PHASES]
+    # each link's total occupancy over the step
+    nvl = sum(t for t, _ in per_phase) + ring[0]
+    net = sum(t for _, t in per_phase) + ring[1]
     if judge.links == "pipelined":
-        nvl = sum(t for t, _ in per_phase) + ring[0]
-        net = sum(t for _, t in per_phase) + ring[1]
         return max(hbm, nvl, net) + fixed
     if judge.keys_hidden:
-        rest = per_phase[1:]  # A2A_PHASES[0] is the key phase
-        chain = hbm + sum(ti + tn for ti, tn in rest) + ring[0] + ring[1]
-        nvl = sum(t for t, _ in per_phase) + ring[0]
-        net = sum(t for _, t in per_phase) + ring[1]
+        key_i, key_n = per_phase[0]  # A2A_PHASES[0] is the key phase
+        chain = hbm + nvl + net - key_i - key_n
         return max(chain, nvl, net) + fixed - key_calls  # the key calls hide as well
     if judge.links == "concurrent":
         comm = sum(max(ti, tn) for ti, tn in per_phase)
@@ -151,8 +151,9 @@ def step_seconds(plan: Any, result: Any, judge: Judge) -> float:
     return max(rank_seconds(plan, rc, ring, judge) for rc in result.per_rank)
 
 
+@functools.cache
 def _plan_quality() -> Any:
-    """bench/plan_quality.py as a module (its planning helpers)."""
+    """bench/plan_quality.py as a module (its planning helpers), loaded once."""
     spec = importlib.util.spec_from_file_location(
         "plan_quality", ROOT / "bench" / "plan_quality.py"
     )

@@ -42,7 +42,7 @@ def install(efficiency: float, patch: Any = setattr) -> None:
 
     `patch(owner, name, value)` does the replacing (a test passes pytest's
     `monkeypatch.setattr`, which undoes it)."""
-    from embarkc.planner.cost import CostModel, RankState, dense_parameters
+    from embarkc.planner.cost import CostModel, RankState, dense_parameters, mlp_parameters
 
     components = RankState.components
     init = CostModel.__init__
@@ -60,9 +60,7 @@ def install(efficiency: float, patch: Any = setattr) -> None:
         init(self, program)
         m = program.model
         pooled = sum(f.outputs for f in self.facts.values())
-        widths = [m.dense_features, *m.bottom_mlp]
-        bottom = sum(a * c + c for a, c in zip(widths, widths[1:], strict=False))
-        top = dense_parameters(program, pooled) - bottom
+        top = dense_parameters(program, pooled) - mlp_parameters([m.dense_features, *m.bottom_mlp])
         self.key_window = 6.0 * top * self.b / (FP32_FLOPS * efficiency)
 
     patch(RankState, "components", windowed)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +9,8 @@ import pytest
 
 from embarkc.frontend import load_program
 from embarkc.planner import plan_program
-from embarkc.planner.cost import CostModel, dense_parameters, layout_of_plan
+from embarkc.planner.cost import CostModel, dense_parameters, layout_of_plan, mlp_parameters
+from tests.conftest import load_module
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "whatif_key_overlap.py"
@@ -19,12 +18,7 @@ BENCH = ROOT / "bench" / "whatif_key_overlap.py"
 
 @pytest.fixture
 def bench():
-    spec = importlib.util.spec_from_file_location("whatif_key_overlap", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(BENCH)
 
 
 def test_the_window_hides_key_time_and_nothing_else(bench, monkeypatch) -> None:
@@ -40,8 +34,7 @@ def test_the_window_hides_key_time_and_nothing_else(bench, monkeypatch) -> None:
     # tiny's dense part is small: choose the efficiency that puts the window between the
     # ranks' key times, so that some ranks hide them whole and others in part
     m = program.model
-    widths = [m.dense_features, *m.bottom_mlp]
-    bottom = sum(a * c + c for a, c in zip(widths, widths[1:], strict=False))
+    bottom = mlp_parameters([m.dense_features, *m.bottom_mlp])
     pooled = sum(f.outputs for f in st.cm.facts.values())
     flops = 6.0 * (dense_parameters(program, pooled) - bottom) * st.cm.b
     window = float(links.min() + links.max()) / 2

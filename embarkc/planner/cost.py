@@ -563,11 +563,16 @@ class CostModel:
         return tr.seconds + self.collective_latency
 
 
+def mlp_parameters(widths: list[int]) -> int:
+    """Weights and biases of an MLP whose layer widths (input first) are `widths`."""
+    return sum(a * c + c for a, c in zip(widths, widths[1:], strict=False))
+
+
 def dense_parameters(program: Program, pooled_vectors: float) -> int:
     """Parameters of the bottom MLP, interaction and top MLP (weights and biases)."""
     m = program.model
     dims = [m.dense_features, *m.bottom_mlp]
-    params = sum(a * c + c for a, c in zip(dims, dims[1:], strict=False))
+    params = mlp_parameters(dims)
     width = sum(t.dim for t in program.tables)  # concatenated pooled embeddings
     bottom_out = dims[-1] if len(dims) > 1 else 0
     x = width + bottom_out
@@ -577,8 +582,7 @@ def dense_parameters(program: Program, pooled_vectors: float) -> int:
     else:
         vectors = int(pooled_vectors) + (1 if bottom_out else 0)
         top_in = bottom_out + vectors * (vectors - 1) // 2
-    tops = [top_in, *m.top_mlp]
-    params += sum(a * c + c for a, c in zip(tops, tops[1:], strict=False))
+    params += mlp_parameters([top_in, *m.top_mlp])
     return params
 
 
