@@ -223,9 +223,9 @@ def summarize(spec: str, topology: str, rows: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=SPECS)
-    ap.add_argument("--topologies", nargs="+", default=["16x8"])
-    ap.add_argument("--batches", type=int, default=1)
-    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--topologies", nargs="+", default=["16x8"], type=_plan_quality().topology_arg)
+    ap.add_argument("--batches", type=_plan_quality().positive_arg(int), default=1)
+    ap.add_argument("--time-limit", type=_plan_quality().positive_arg(float), default=30.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_judges.md"))
     args = ap.parse_args(argv)
     pq = _plan_quality()

@@ -52,6 +52,31 @@ def plans_for(program: Any, time_limit: float) -> dict[str, Any]:
     return out
 
 
+def topology_arg(text: str) -> str:
+    """argparse type of a topology `NODESxGPUS` (both positive integers)."""
+    parts = text.split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"topology {text!r} is not NODESxGPUS with two positive integers (e.g. 16x8)"
+        )
+    return text
+
+
+def positive_arg(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse type: `kind` (int or float) of a value above 0."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive {kind.__name__}")
+        return value
+
+    return parse
+
+
 def with_topology(program: Any, topo: str) -> Any:
     nodes, gpus = (int(x) for x in topo.split("x"))
     t = program.topology.model_copy(update={"nodes": nodes, "gpus_per_node": gpus})
@@ -193,9 +218,9 @@ def write_report(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=SPECS)
-    ap.add_argument("--topologies", nargs="+", default=list(TOPOLOGIES))
-    ap.add_argument("--batches", type=int, default=1)
-    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--topologies", nargs="+", default=list(TOPOLOGIES), type=topology_arg)
+    ap.add_argument("--batches", type=positive_arg(int), default=1)
+    ap.add_argument("--time-limit", type=positive_arg(float), default=10.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results_quality.md"))
     args = ap.parse_args(argv)
     head = report_head(

@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specs", nargs="+", default=list(SPECS), choices=SPECS)
     ap.add_argument("--efficiency", type=float, default=0.7)
     args = ap.parse_args(argv)
+    if not 0 < args.efficiency <= 1:
+        ap.error(f"--efficiency {args.efficiency:g} is not a fraction of the peak in (0, 1]")
     from embarkc.frontend import load_program
     from embarkc.planner import plan_program
     from embarkc.planner.cost import CostModel, layout_of_plan

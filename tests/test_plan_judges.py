@@ -89,3 +89,19 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     assert bench.rank_seconds(plan, busy, (0.0, 0.0), J("k", keys_hidden=True)) == pytest.approx(
         3e-3 + fixed - 3 * call
     )
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--topologies", "3x"], "topology '3x' is not NODESxGPUS"),
+        (["--topologies", "0x8"], "topology '0x8' is not NODESxGPUS"),
+        (["--batches", "0"], "'0' is not a positive int"),
+        (["--time-limit", "soon"], "'soon' is not a positive float"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_planning(bench, capsys, args, says) -> None:
+    with pytest.raises(SystemExit) as e:
+        bench.main(args)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err

@@ -53,3 +53,11 @@ def test_the_window_hides_key_time_and_nothing_else(bench, monkeypatch) -> None:
         CostModel(program).layout_state(layout).components()["distributor"],
         before["distributor"],
     )
+
+
+def test_an_efficiency_outside_0_to_1_is_refused(bench, capsys) -> None:
+    for bad in ("0", "1.5", "-0.2"):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--efficiency", bad])
+        assert e.value.code == 2
+        assert "is not a fraction of the peak in (0, 1]" in capsys.readouterr().err
