@@ -21,11 +21,15 @@ several judges that differ from ours in how the hardware is assumed to behave:
   efficiency our constants assume (a congested fabric; gather kernels far below the
   roofline; NVLink all-to-all at small messages).
 * `latency x5`: every fixed collective and kernel-launch latency five times ours.
+* `keys in full`: no key time hides under the dense compute (a trainer run with
+  `--no-overlap`, or a judge that does not credit the prefetch; our model before
+  `hardware.dense_flops`).
+* `dense x8 faster`: the dense part computes eight times faster than our fp32 window
+  assumes (TF32 or bf16 tensor cores), so only an eighth as much key time hides.
 * `keys hidden`: the key all-to-all costs no time of its own, only its share of the
-  links. embarkc's runtime sends the next batch's keys while the dense model computes
-  (`prefetch`), which our model does not credit; with a dense part long enough the keys
-  hide completely, and a rank's time is the larger of its step without the key phase
-  and its links' total occupancy (keys included). A bound for that runtime.
+  links, however long it is: a rank's time is the larger of its step without the key
+  phase and its links' total occupancy (keys included). A bound for a runtime whose
+  dense part is long enough.
 
 The plans are not re-planned per judge: the question is how plans made for our model fare
 under another. For each judge the bench prints the step time of every plan and the ratios
@@ -67,6 +71,8 @@ class Judge:
     pipelined: max(HBM, NVLink total, NIC total) per rank."""
     keys_hidden: bool = False
     """The key phase overlaps the rest of the step and only occupies the links."""
+    window: float = 1.0
+    """Factor on our dense compute window, under which key time hides."""
 
 
 JUDGES = (
@@ -77,6 +83,8 @@ JUDGES = (
     Judge("hbm x0.5", hbm=0.5),
     Judge("nvlink x0.5", nvlink=0.5),
     Judge("latency x5", latency=5.0),
+    Judge("keys in full", window=0.0),
+    Judge("dense x8 faster", window=0.125),
     Judge("keys hidden", keys_hidden=True),
 )
 
@@ -89,9 +97,11 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
     With `judge` = Judge("embarkc") this is `embarkc.simulate.step_time_of`'s sum.
     """
     from embarkc.planner import constants as C
+    from embarkc.simulate import key_window
 
     topo = plan.topology
     many = topo.world_size > 1
+    window = key_window(plan) * judge.window
     bw_hbm = topo.hbm_bandwidth * C.HBM_EFFICIENCY * judge.hbm
     bw_i = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY * judge.nvlink
     bw_n = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY * judge.network
@@ -122,10 +132,12 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
         key_i, key_n = per_phase[0]  # A2A_PHASES[0] is the key phase
         chain = hbm + nvl + net - key_i - key_n
         return max(chain, nvl, net) + fixed - key_calls  # the key calls hide as well
+    # the key phase (first) counts only beyond the dense compute window
     if judge.links == "concurrent":
-        comm = sum(max(ti, tn) for ti, tn in per_phase)
+        times = [max(ti, tn) for ti, tn in per_phase]
     else:
-        comm = sum(ti + tn for ti, tn in per_phase)
+        times = [ti + tn for ti, tn in per_phase]
+    comm = max(0.0, times[0] - window) + sum(times[1:])
     return hbm + comm + ring[0] + ring[1] + fixed
 
 

@@ -97,6 +97,10 @@ class Topology(Node):
     hbm_bandwidth: float = Field(gt=0)
     intra_node_bandwidth: float = Field(gt=0)
     inter_node_bandwidth: float = Field(gt=0)
+    dense_flops: float = Field(default=0.0, ge=0)
+    """Peak fp32 FLOP/s per GPU (no tensor cores), the rate of the dense part's math:
+    it sets how much of the next batch's key traffic hides under the dense compute
+    (dense.prefetch_window). 0: unknown, no overlap is credited."""
     arch: str = "sm_90"
     """CUDA architecture the kernels are built for (sm_90 for H100/H200, sm_80 for A100)."""
     preset: str | None = None

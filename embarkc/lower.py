@@ -350,13 +350,18 @@ class Lowerer:
             "nvlink": ("intra_node_bandwidth", "bandwidth", False),
             "network": ("inter_node_bandwidth", "bandwidth", False),
         }
-        for key, (attr, kind, integer) in spec.items():
+        optional = {"dense_flops": ("dense_flops", "compute", False)}
+        for key, (attr, kind, integer) in {**spec, **optional}.items():
             fld = b.fields.get(key)
             if fld is None:
                 continue
             node = fld.values[0]
             assert isinstance(node, Tree)
-            v = self.attempt(self.num, node, fld.file, kind, integer=integer, what=key, minimum=1)
+            # dense_flops 0: the dense rate is unknown and no key overlap is credited
+            least = 0 if key in optional else 1
+            v = self.attempt(
+                self.num, node, fld.file, kind, integer=integer, what=key, minimum=least
+            )
             if v is None:
                 ok = False
             else:

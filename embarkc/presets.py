@@ -11,6 +11,9 @@ Sources:
   DGX H100 (NVIDIA H200 datasheet; DGX H200 user guide).
 * A100 SXM4 80 GB: 80 GiB HBM2e at 2.039 TB/s; NVLink 3 at 600 GB/s bidirectional,
   300 GB/s per direction; DGX A100 has one ConnectX-6 HDR 200 Gb/s NIC per GPU.
+* Dense compute (`dense_flops`, fp32 without tensor cores, the trainer's precision):
+  67 TFLOP/s for H100 SXM5 and H200 SXM (same GH100 die and clocks), 19.5 TFLOP/s for
+  A100 SXM4 (the three datasheets).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ PRESETS: dict[str, dict[str, int | float | str]] = {
         "hbm_bandwidth": 3.35e12,
         "intra_node_bandwidth": 450e9,
         "inter_node_bandwidth": 400e9 / 8,
+        "dense_flops": 67e12,
         "arch": "sm_90",
     },
     "dgx_h200": {
@@ -35,6 +39,7 @@ PRESETS: dict[str, dict[str, int | float | str]] = {
         "hbm_bandwidth": 4.8e12,
         "intra_node_bandwidth": 450e9,
         "inter_node_bandwidth": 400e9 / 8,
+        "dense_flops": 67e12,
         "arch": "sm_90",
     },
     "dgx_a100_80gb": {
@@ -44,6 +49,7 @@ PRESETS: dict[str, dict[str, int | float | str]] = {
         "hbm_bandwidth": 2.039e12,
         "intra_node_bandwidth": 300e9,
         "inter_node_bandwidth": 200e9 / 8,
+        "dense_flops": 19.5e12,
         "arch": "sm_80",
     },
 }

@@ -47,7 +47,7 @@ number of rb/ub clusters (one all-to-all each), `hier` the hierarchical ones and
 
     lookup       hbm_bytes / (hbm_bandwidth * HBM_EFFICIENCY)
                  + (3 * (a2a + [any dp]) + 2 * [ub clusters]) * KERNEL_LAUNCH_SECONDS
-    distributor  t_intra + t_inter of the key phase + a2a * call
+    distributor  max(0, t_intra + t_inter of the key phase - window) + a2a * call
     nvlink       t_intra of the forward phase + t_intra of the backward phase
     network      t_inter of the forward phase + t_inter of the backward phase
                  + (2 * a2a + 2 * hier) * call on the network (on nvlink with one node)
@@ -55,7 +55,9 @@ number of rb/ub clusters (one all-to-all each), `hier` the hierarchical ones and
                  for every rank) + t_intra + t_inter of the sparse all-gather
                  + call if any dp table
 
-(no latencies on a single rank). A rank's time is the sum of its components; the step
+(no latencies on a single rank). `window` is the dense compute during which the trainer
+sends the next batch's keys (`key_window`, dense.prefetch_window): key traffic beyond it
+delays the step, traffic within it is hidden. A rank's time is the sum of its components; the step
 time is the largest rank's time (collectives wait for the slowest rank). The dense
 model's all-reduce is the same for every plan and is reported apart
 (`dense_allreduce_time`), as the planner's estimate does. Efficiencies, latencies and wire
@@ -73,6 +75,7 @@ import numpy as np
 from embark_runtime.keys import row_shard_of
 from embark_runtime.plan import DTYPE_BYTES, Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
+from embarkc.dense import DenseShape, prefetch_window
 from embarkc.planner import constants as C
 
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
@@ -291,48 +294,33 @@ def _results_count(plan: Plan, table: str) -> tuple[int, int]:
     return f_t, nfeat
 
 
-def dense_parameters(plan: Plan) -> int:
-    """Parameters of the DLRM dense model of `plan.model` (runtime/dense.py's architecture).
-
-    0 when the plan carries no `model` (then nothing is all-reduced for it).
-    """
+def dense_shape(plan: Plan) -> DenseShape | None:
+    """The dense model of `plan.model` (runtime/dense.py's architecture); None when the
+    plan carries no `model`."""
     model = (plan.model_extra or {}).get("model")
     if not model:
-        return 0
+        return None
     widths = [
         plan.table(f.table).dim * (max(1, int(round(f.hotness))) if f.pooling == "concat" else 1)
         for f in plan.features
     ]
-    dense_in = int(model.get("dense_features", 0))
-    bottom = [int(x) for x in model.get("bottom_mlp", ())]
-    inter = model.get("interaction") or {}
-    kind = inter.get("kind", "dot") if isinstance(inter, dict) else str(inter)
-    top = [int(x) for x in model.get("top_mlp", (1,))]
-    if not top or top[-1] != 1:
-        top.append(1)
+    return DenseShape.of(model, widths)
 
-    def mlp(width_in: int, layers: list[int]) -> tuple[int, int]:
-        total = 0
-        for w in layers:
-            total += width_in * w + w
-            width_in = w
-        return total, width_in
 
-    params, d = mlp(dense_in, bottom) if bottom else (0, dense_in)
-    has_x = dense_in > 0
-    if kind == "dot":
-        if not has_x and widths:
-            d = widths[0]
-        params += sum(w * d for w in widths if w != d)
-        nvec = len(widths) + int(has_x)
-        top_in = (d if has_x else 0) + nvec * (nvec - 1) // 2
-    else:
-        top_in = (d if has_x else 0) + sum(widths)
-        layers = int(inter.get("layers", 3)) if isinstance(inter, dict) else 3
-        low_rank = int(inter.get("low_rank", 512)) if isinstance(inter, dict) else 512
-        params += layers * (top_in * low_rank + low_rank * top_in + top_in)
-    params += mlp(top_in, top)[0]
-    return params
+def dense_parameters(plan: Plan) -> int:
+    """Parameters of the plan's dense model; 0 when the plan carries no `model` (then
+    nothing is all-reduced for it)."""
+    shape = dense_shape(plan)
+    return shape.parameters() if shape is not None else 0
+
+
+def key_window(plan: Plan) -> float:
+    """Seconds of dense compute that hide the next batch's key traffic
+    (`dense.prefetch_window`); 0 without a model or a dense rate."""
+    shape = dense_shape(plan)
+    if shape is None:
+        return 0.0
+    return prefetch_window(shape, plan.batch_size / plan.world_size, plan.topology.dense_flops)
 
 
 def _chunks(elements, parts: int, index):
@@ -596,13 +584,17 @@ def step_time_of(
     sent: dict[str, dict[str, float]],
     received: dict[str, dict[str, float]],
     ring: float = 0.0,
+    window: float | None = None,
 ) -> dict[str, float]:
     """Seconds per component of one rank's step (the conversion of the module docstring).
 
     `sent` / `received`: phase (distributor | forward | backward | dp_exchange) ->
     {"intra", "inter"} bytes of this rank; `ring`: seconds of the dp tables' dense ring
-    all-reduce (`ring_seconds`), the same on every rank.
+    all-reduce (`ring_seconds`), the same on every rank; `window`: the dense compute
+    that hides key traffic (`key_window(plan)` when None).
     """
+    if window is None:
+        window = key_window(plan)
     topo = plan.topology
     many = topo.world_size > 1
     intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
@@ -621,8 +613,9 @@ def step_time_of(
     return {
         "lookup": hbm_bytes / (topo.hbm_bandwidth * C.HBM_EFFICIENCY)
         + (3 * (a2a + dp) + 2 * ub) * C.KERNEL_LAUNCH_SECONDS,
-        "distributor": link("distributor", "intra")
-        + link("distributor", "inter")
+        "distributor": max(
+            0.0, link("distributor", "intra") + link("distributor", "inter") - window
+        )
         + (a2a * call if many else 0.0),
         "nvlink": link("forward", "intra")
         + link("backward", "intra")
@@ -783,9 +776,10 @@ class _Totals:
         self.distinct += distinct / batches
         self.hbm += hbm / batches
         ring = ring_seconds(plan, sent["ring"])
+        window = key_window(plan)
         self.step_times.append(
             max(
-                sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a), ring).values())
+                sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a), ring, window).values())
                 for a in range(self.world)
             )
         )
@@ -794,6 +788,7 @@ class _Totals:
         plan = self.plan
         memory = plan.memory_by_rank()
         ring = ring_seconds(plan, self.sent["ring"])
+        window = key_window(plan)
         per_rank = []
         for a in range(self.world):
             s, rv = _of(self.sent, a), _of(self.recv, a)
@@ -806,7 +801,7 @@ class _Totals:
                     sent=s,
                     received=rv,
                     memory_bytes=memory[a],
-                    components=step_time_of(plan, float(self.hbm[a]), s, rv, ring),
+                    components=step_time_of(plan, float(self.hbm[a]), s, rv, ring, window),
                 )
             )
         critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))

@@ -8,7 +8,9 @@ B = 1e9). A unit follows after optional whitespace and says what the number meas
   (powers of 1024); bits `b Kb Mb Gb Tb Pb` are 1/8 of the byte forms;
 * bandwidth: any of those followed by `/s`, normalised to bytes per second
   (`400 Gb/s` is 5e10, `450 GB/s` is 4.5e11);
-* time: `us ms s min h`, normalised to seconds.
+* time: `us ms s min h`, normalised to seconds;
+* compute rate: `FLOP/s` with a decimal prefix (`67 TFLOP/s` is 6.7e13), normalised
+  to floating-point operations per second.
 
 `quantity(...)` returns the value in the base unit or raises `UnitError` (a message
 without position; `lower` attaches the span).
@@ -20,7 +22,7 @@ import math
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
-Kind = Literal["count", "bytes", "bandwidth", "time"]
+Kind = Literal["count", "bytes", "bandwidth", "time", "compute"]
 
 MAX_INT = (1 << 63) - 1
 """The largest integer a spec may hold: every size fits a signed 64-bit integer."""
@@ -42,6 +44,7 @@ KIND_WORDS = {
     "bytes": "a size (e.g. `80 GiB`)",
     "bandwidth": "a bandwidth (e.g. `450 GB/s`)",
     "time": "a time (e.g. `30 s`)",
+    "compute": "a compute rate (e.g. `67 TFLOP/s`)",
 }
 
 
@@ -68,9 +71,18 @@ def byte_factor(unit: str) -> Decimal | None:
     return factor / 8 if bits else factor
 
 
+def flop_factor(unit: str) -> Decimal | None:
+    """FLOP/s per `unit` for a compute-rate unit (FLOP/s, TFLOP/s, ...), or None."""
+    if not unit.endswith("FLOP/s") or unit[:-6] not in _PREFIX:
+        return None
+    return Decimal(_PREFIX[unit[:-6]])
+
+
 def unit_kind(unit: str) -> Kind | None:
     if unit in TIME_UNITS:
         return "time"
+    if flop_factor(unit) is not None:
+        return "compute"
     if unit.endswith("/s"):
         return "bandwidth" if byte_factor(unit[:-2]) is not None else None
     return "bytes" if byte_factor(unit) is not None else None
@@ -106,8 +118,8 @@ def parse_number(text: str) -> Decimal:
 def quantity(number: str, unit: str | None, kind: Kind, *, integer: bool) -> int | float:
     """Normalise `number unit` to the base unit of `kind`.
 
-    count: no unit allowed. bytes: a size unit required (plain 0 allowed). bandwidth: a
-    bandwidth unit required. time: a time unit, or none meaning seconds. With `integer`
+    count: no unit allowed. bytes: a size unit required (plain 0 allowed). bandwidth,
+    compute: a bandwidth or FLOP/s unit required. time: a time unit, or none meaning seconds. With `integer`
     the result must be a whole number within a signed 64-bit integer.
     """
     value = parse_number(number)
@@ -123,12 +135,20 @@ def quantity(number: str, unit: str | None, kind: Kind, *, integer: bool) -> int
             raise UnitError(f"`{unit}` is not {KIND_WORDS[kind]}")
         if kind == "time":
             value *= TIME_UNITS[unit]
+        elif kind == "compute":
+            rate = flop_factor(unit)
+            assert rate is not None
+            value *= rate
         else:
             factor = byte_factor(unit[:-2] if kind == "bandwidth" else unit)
             assert factor is not None
             value *= factor
-    elif kind in ("bytes", "bandwidth") and value != 0:
-        hint = "e.g. `80 GiB`" if kind == "bytes" else "e.g. `450 GB/s` or `400 Gb/s`"
+    elif kind in ("bytes", "bandwidth", "compute") and value != 0:
+        hint = {
+            "bytes": "e.g. `80 GiB`",
+            "bandwidth": "e.g. `450 GB/s` or `400 Gb/s`",
+            "compute": "e.g. `67 TFLOP/s`",
+        }[kind]
         raise UnitError(f"missing unit: expected {KIND_WORDS[kind]}", hint)
     if integer:
         if value != value.to_integral_value():

@@ -8,7 +8,7 @@ tools read them with `load_plan`, which rejects a plan that breaks a rule of the
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params, tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
-  topology.arch, model, seed, estimate.{critical_rank, components, per_rank[].components,
+  topology.{arch, dense_flops}, model, seed, estimate.{critical_rank, components, per_rank[].components,
   per_rank[].memory, per_table}, planner.{objective, bound, greedy_step_time, baselines,
   message}
 """
@@ -51,6 +51,9 @@ class PlanTopology(_M):
     hbm_bandwidth: float = Field(gt=0)
     intra_node_bandwidth: float = Field(gt=0)
     inter_node_bandwidth: float = Field(gt=0)
+    dense_flops: float = Field(default=0.0, ge=0)
+    """Peak fp32 FLOP/s per GPU; 0 (also when absent: plans written before it) credits no
+    overlap of the key traffic with the dense compute."""
     arch: str = "sm_90"
 
     @property

@@ -13,7 +13,7 @@ from embarkc.planner.cost import CostModel
 from embarkc.planner.cpsat import MAX_RANKS, decision_of, refine
 from embarkc.planner.greedy import greedy
 from embarkc.workload import program_from_workload
-from tests.conftest import SHARED
+from tests.conftest import SHARED, keys_in_full
 
 
 def _crafted() -> Program:
@@ -87,11 +87,13 @@ def test_plan_records_solver_fields_and_is_byte_identical_for_a_seed():
 
 
 def test_the_greedy_polish_leaves_the_norms_local_minimum(monkeypatch):
-    """T510 on 16 x 8 GPUs: the descent on the 16-norm stops at 6.500 ms; the polish by the
-    step time itself jumps the critical rank's heaviest tables to wider grids (5.865 ms)."""
+    """T510 on 16 x 8 GPUs with the keys charged in full: the descent on the 16-norm stops
+    at 6.500 ms; the polish by the step time itself jumps the critical rank's heaviest
+    tables to wider grids (5.865 ms)."""
     import embarkc.planner.greedy as greedy_mod
 
-    cm = CostModel(program_from_workload(SHARED / "workloads" / "t510.json", 16))
+    program = program_from_workload(SHARED / "workloads" / "t510.json", 16)
+    cm = CostModel(keys_in_full(program))
     polished = greedy(cm).step_time
     monkeypatch.setattr(greedy_mod, "POLISH_ROUNDS", 0)  # _descend polishes this many rounds
     unpolished = greedy(cm).step_time
@@ -119,12 +121,22 @@ def _steps(cm: CostModel, n: int, seed: int = 0):
             ref.accept(free + partial, chosen, st, times)
 
 
-def test_the_neighbourhood_model_is_the_full_cost_model():
+@pytest.mark.parametrize("window", ["preset", "none", "partial"])
+def test_the_neighbourhood_model_is_the_full_cost_model(window: str):
     """What a neighbourhood's model says its free ranks' makespan is, the full cost model
     says too, grid changes included: a moved cell changes the far side of the links of the
     ranks it talks to (keys they send it, results they receive from it), and the model
-    has those as variables. On one node every rank is free, so nothing is left outside."""
+    has those as variables. On one node every rank is free, so nothing is left outside.
+    The key phase counts beyond the dense compute window: the preset's window hides every
+    key; with none, keys count in full; a window of half the median rank's key phase hides
+    some ranks' keys whole and others' in part."""
     cm = CostModel(program_from_workload(SHARED / "workloads" / "t510.json", nodes=1))
+    if window != "preset":
+        cm.key_window = 0.0
+    if window == "partial":
+        keys = cm.layout_state(greedy(cm).layout).components()["distributor"]
+        cm.key_window = 0.5 * float(np.median(keys))
+        assert cm.key_window > 0
     seen = changed = 0
     for ref, ranks, chosen, obj, times in _steps(cm, 4):
         assert obj == pytest.approx(float(times[ranks].max()), rel=1e-6)
@@ -134,13 +146,14 @@ def test_the_neighbourhood_model_is_the_full_cost_model():
 
 
 def test_plateau_neighbourhoods_free_the_ranks_that_share_the_maximum():
-    """T180 on 16 x 8 GPUs: three ranks of the greedy plan lie within 0.2 % of its step
+    """T180 on 16 x 8 GPUs, keys charged in full: three ranks of the greedy plan lie within 0.2 % of its step
     time, on three nodes. A plateau neighbourhood frees all three; a plain one frees the
     critical rank and the ranks of its units, not the other two, so it cannot lower the
     step time."""
     from embarkc.planner import cpsat
 
-    cm = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", nodes=16))
+    program = program_from_workload(SHARED / "workloads" / "t180.json", nodes=16)
+    cm = CostModel(keys_in_full(program))
     ref = cpsat._Refiner(cm, greedy(cm))
     t = ref.times
     top = set(np.flatnonzero(t >= t.max() * (1 - cpsat.PLATEAU)).tolist())

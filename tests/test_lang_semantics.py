@@ -37,6 +37,10 @@ def lower(body: str, hw: str = HW, model: str = M):
         ("2", "min", "time", False, 120.0),
         ("30", None, "time", False, 30.0),
         ("500", "ms", "time", False, 0.5),
+        ("67", "TFLOP/s", "compute", False, 6.7e13),
+        ("19.5", "TFLOP/s", "compute", False, 1.95e13),
+        ("2", "GFLOP/s", "compute", False, 2e9),
+        ("1", "FLOP/s", "compute", False, 1.0),
     ],
 )
 def test_units_normalise(number, unit, kind, integer, value) -> None:
@@ -45,11 +49,35 @@ def test_units_normalise(number, unit, kind, integer, value) -> None:
 
 @pytest.mark.parametrize(
     ("number", "unit", "kind"),
-    [("80", None, "bytes"), ("1", "GiB", "count"), ("1", "GB", "bandwidth"), ("1.5", "B", "bytes")],
+    [
+        ("80", None, "bytes"),
+        ("1", "GiB", "count"),
+        ("1", "GB", "bandwidth"),
+        ("1.5", "B", "bytes"),
+        ("67", None, "compute"),
+        ("67", "TB/s", "compute"),
+        ("67", "TFLOP/s", "bandwidth"),
+    ],
 )
 def test_units_reject(number, unit, kind) -> None:
     with pytest.raises(UnitError):
         quantity(number, unit, kind, integer=True)
+
+
+def test_dense_flops_comes_from_the_preset_and_may_be_overridden_or_turned_off() -> None:
+    body = "table a { rows 1000 dim 16 hotness 1 }\n"
+    assert lower(body).topology.dense_flops == 67e12
+    a100 = "hardware { preset dgx_a100_80gb }\n"
+    assert lower(body, hw=a100).topology.dense_flops == 19.5e12
+    tf32 = "hardware { preset dgx_h100 dense_flops 495 TFLOP/s }\n"
+    assert lower(body, hw=tf32).topology.dense_flops == 495e12
+    off = "hardware { preset dgx_h100 dense_flops 0 }\n"
+    assert lower(body, hw=off).topology.dense_flops == 0.0
+    bare = (
+        "hardware { gpus_per_node 2 hbm 1 GiB hbm_bandwidth 1 TB/s nvlink 100 GB/s "
+        "network 10 GB/s }\n"
+    )
+    assert lower(body, hw=bare).topology.dense_flops == 0.0  # unknown: nothing hides
 
 
 def test_attached_units_and_suffixes_lex_apart() -> None:

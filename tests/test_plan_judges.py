@@ -9,7 +9,7 @@ import pytest
 from test_simulate import make_plan
 
 from embarkc.planner import constants as C
-from embarkc.simulate import RankCounts, simulate
+from embarkc.simulate import RankCounts, dense_shape, key_window, simulate
 from tests.conftest import load_module
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "plan_judges.py"
@@ -20,9 +20,26 @@ def bench():
     return load_module(BENCH)
 
 
-def test_the_embarkc_judge_is_the_simulators_step_time(bench) -> None:
+def _with_window(plan, seconds: float):  # type: ignore[no-untyped-def]
+    """`plan` with the dense rate that makes its key window `seconds` long."""
+    shape = dense_shape(plan)
+    assert shape is not None
+    bottom, rest = shape.forward_flops()
+    flops = (rest + C.BACKWARD_FLOPS_FACTOR * (bottom + rest)) * plan.batch_size / plan.world_size
+    rate = flops / (C.DENSE_EFFICIENCY * seconds)
+    out = plan.model_copy(
+        update={"topology": plan.topology.model_copy(update={"dense_flops": rate})}
+    )
+    assert key_window(out) == pytest.approx(seconds)
+    return out
+
+
+@pytest.mark.parametrize("window", [0.0, 2e-6])
+def test_the_embarkc_judge_is_the_simulators_step_time(bench, window: float) -> None:
     for nodes, gpus in ((2, 2), (1, 4)):
         plan = make_plan(nodes=nodes, gpus=gpus)
+        if window:
+            plan = _with_window(plan, window)
         res = simulate(plan, batches=2, seed=3)
         ours = bench.step_seconds(plan, res, bench.Judge("embarkc"))
         assert ours == pytest.approx(res.step_time, rel=1e-12)
@@ -31,6 +48,9 @@ def test_the_embarkc_judge_is_the_simulators_step_time(bench) -> None:
         assert by["pipelined"] <= by["concurrent links"] <= by["embarkc"]
         assert by["pipelined"] < by["embarkc"]
         assert by["keys hidden"] <= by["embarkc"]
+        # a shorter window hides less
+        assert by["embarkc"] <= by["dense x8 faster"] <= by["keys in full"]
+        assert (by["embarkc"] < by["keys in full"]) == (window > 0)
         for slower in ("network x0.5", "hbm x0.5", "nvlink x0.5", "latency x5"):
             assert by[slower] >= by["embarkc"]
         assert by["hbm x0.5"] > by["embarkc"]
@@ -78,6 +98,17 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     chain = 1e-3 + (1 + 3 + 1 + 3) * 1e-4 + sum(ring)
     assert bench.rank_seconds(plan, rc, ring, J("k", keys_hidden=True)) == pytest.approx(
         max(chain, (4 + 3 + 3) * 1e-4 + ring[1]) + fixed - 3 * call
+    )
+    # a dense compute window of 0.4 ms: the serial key phase (0.6 ms) hides but 0.2 ms,
+    # the concurrent one (0.4 ms) whole; a window an eighth as long hides 0.05 ms
+    wplan = _with_window(plan, 4e-4)
+    assert bench.rank_seconds(wplan, rc, ring, J("embarkc")) == pytest.approx(serial - 4e-4)
+    assert bench.rank_seconds(wplan, rc, ring, J("c", links="concurrent")) == pytest.approx(
+        concurrent - 4e-4
+    )
+    assert bench.rank_seconds(wplan, rc, ring, J("f", window=0.0)) == pytest.approx(serial)
+    assert bench.rank_seconds(wplan, rc, ring, J("x", window=0.125)) == pytest.approx(
+        serial - 0.5e-4
     )
     busy = RankCounts(
         rank=0,

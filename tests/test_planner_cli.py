@@ -31,6 +31,28 @@ def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsy
     assert len(extra["per_table"]) == len(plan.tables)
 
 
+def test_plan_says_how_much_key_time_hides(tmp_path, capsys):
+    """tiny's hardware has no dense rate: keys in full; with `dense_flops` the plan says
+    the window, which the estimate records."""
+    assert main(["plan", TINY, "--solver", "greedy"]) == 0
+    assert "keys: charged in full (the hardware gives no dense_flops)" in capsys.readouterr().out
+    spec = tmp_path / "rated.embark"
+    text = Path(TINY).read_text()
+    assert "hardware {" in text
+    spec.write_text(text.replace("hardware {", "hardware {\n  dense_flops 2 GFLOP/s", 1))
+    out_json = tmp_path / "p.json"
+    assert main(["plan", str(spec), "--solver", "greedy", "-o", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    plan = load_plan(out_json)
+    assert plan.topology.dense_flops == 2e9
+    window = (plan.estimate.model_extra or {})["key_window"]
+    assert window > 0
+    assert (
+        f"keys: sent during the previous step's dense compute, {window * 1e3:.3f} ms "
+        "(fp32 at 0.002 TFLOP/s): only key time beyond it counts"
+    ) in out
+
+
 def test_fixed_strategy_is_reported_as_a_baseline(capsys):
     assert main(["plan", TINY, "--strategy", "table-row-wise"]) == 0
     out = capsys.readouterr().out

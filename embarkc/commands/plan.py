@@ -111,6 +111,14 @@ def _print(plan: Any, wall: float, output: str | None) -> None:
     comp = extra.get("components", {})
     if comp:
         print("  critical rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in comp.items()))
+    window = extra.get("key_window")
+    if window:
+        print(
+            f"  keys: sent during the previous step's dense compute, {_ms(window)} "
+            f"(fp32 at {topo.dense_flops / 1e12:g} TFLOP/s): only key time beyond it counts"
+        )
+    elif window is not None:
+        print("  keys: charged in full (the hardware gives no dense_flops)")
     ranks = sorted(est.per_rank, key=lambda r: (-r.time, r.rank))
     shown = ranks if len(ranks) <= 2 * SHOWN_RANKS else ranks[:SHOWN_RANKS]
     print("  rank      time     memory (weights+state)  buffers")

@@ -167,6 +167,7 @@ def build_plan(
             "hbm_bandwidth": topo.hbm_bandwidth,
             "intra_node_bandwidth": topo.intra_node_bandwidth,
             "inter_node_bandwidth": topo.inter_node_bandwidth,
+            "dense_flops": topo.dense_flops,
             "arch": topo.arch,
         },
         "batch_size": program.batch_size,

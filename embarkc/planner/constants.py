@@ -40,3 +40,14 @@ LENGTH_BYTES = 4
 WEIGHT_BYTES = 4
 WIRE_ELEMENT_BYTES = 4
 """Wire sizes, as in docs/communication.md."""
+
+DENSE_EFFICIENCY = 0.70
+"""Fraction of the GPU's peak fp32 FLOP/s (`hardware.dense_flops`) that the dense part's
+GEMMs sustain. The trainer computes in fp32 without TF32 (torch's default matmul
+precision), where cuBLAS SGEMM reaches 70-80 % of peak on large square-ish problems
+(cuBLAS performance notes); the DLRM layers are 64K x 1K x 1K-class GEMMs. Taken at the
+low end: it only sets how much key traffic the model lets hide (dense.prefetch_window)."""
+
+BACKWARD_FLOPS_FACTOR = 2.0
+"""Backward FLOPs per forward FLOP of a linear layer: one GEMM for the input gradient and
+one for the weight gradient, each the forward's size."""

@@ -40,6 +40,7 @@ import numpy as np
 
 from embark_runtime import keys as keymod
 from embark_runtime.plan import Plan
+from embarkc.dense import DenseShape, prefetch_window
 from embarkc.ir import Program, Table
 from embarkc.planner import collectives as coll
 from embarkc.planner import constants as K
@@ -322,10 +323,8 @@ class CellValues:
     hbm_all: float
     """HBM bytes every rank moves for the table as a requester (summing partials, ub pooling)."""
     buf_all: float
-    owner: np.ndarray | None = None
-    """Cache of `owner_seconds` for these cells (flat communication)."""
-    owner_hier: np.ndarray | None = None
-    """The same, hierarchical."""
+    owner: dict[tuple[bool, bool], np.ndarray] = field(default_factory=dict)
+    """Cache of `owner_seconds` for these cells, by (hierarchical, charge_keys)."""
 
 
 @dataclass
@@ -364,6 +363,9 @@ class CostModel:
         self.collective_latency = K.COLLECTIVE_LATENCY_SECONDS + (
             K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0
         )
+        self.dense = dense_shape(program)
+        self.key_window = prefetch_window(self.dense, self.b, topo.dense_flops)
+        """Seconds of dense compute that hide the next batch's key traffic."""
         self._cells: dict[tuple[Any, ...], CellValues] = {}
         self._dp: dict[tuple[Any, str], DpValues] = {}
         self._exchange: dict[tuple[Any, ...], str] = {}
@@ -556,34 +558,21 @@ class CostModel:
     def dense_allreduce_time(self) -> float:
         """Hierarchical all-reduce of the dense model's fp32 gradients
         (`collectives.allreduce`; not part of the step time)."""
-        params = dense_parameters(self.program, sum(f.outputs for f in self.facts.values()))
         if self.W == 1:
             return 0.0
+        params = self.dense.parameters()
         tr = coll.allreduce(params * 4.0, self.G, self.nodes, self.bw_intra, self.bw_inter)
         return tr.seconds + self.collective_latency
 
 
-def mlp_parameters(widths: list[int]) -> int:
-    """Weights and biases of an MLP whose layer widths (input first) are `widths`."""
-    return sum(a * c + c for a, c in zip(widths, widths[1:], strict=False))
-
-
-def dense_parameters(program: Program, pooled_vectors: float) -> int:
-    """Parameters of the bottom MLP, interaction and top MLP (weights and biases)."""
-    m = program.model
-    dims = [m.dense_features, *m.bottom_mlp]
-    params = mlp_parameters(dims)
-    width = sum(t.dim for t in program.tables)  # concatenated pooled embeddings
-    bottom_out = dims[-1] if len(dims) > 1 else 0
-    x = width + bottom_out
-    if m.interaction.kind == "dcnv2":
-        params += m.interaction.layers * (2 * x * m.interaction.low_rank + x)
-        top_in = x
-    else:
-        vectors = int(pooled_vectors) + (1 if bottom_out else 0)
-        top_in = bottom_out + vectors * (vectors - 1) // 2
-    params += mlp_parameters([top_in, *m.top_mlp])
-    return params
+def dense_shape(program: Program) -> DenseShape:
+    """The program's dense model (runtime/dense.py's architecture, features in order)."""
+    dims = program.table_by_name
+    widths = [
+        dims[f.table].dim * (f.max_hotness if f.pooling == "concat" else 1)
+        for f in program.features
+    ]
+    return DenseShape.of(program.model.model_dump(mode="json"), widths)
 
 
 # --------------------------------------------------------------------------- rank state
@@ -766,10 +755,10 @@ class RankState:
         lookup = (self.hbm_own + self.hbm_all) / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
         lk = self.links()
         (ds_i, dr_i), (ds_n, dr_n) = lk["dist_intra"], lk["dist_inter"]
-        distributor = (
-            coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
-            + a2a * cm.collective_latency
-        )
+        # the keys travel during the previous step's dense compute (the trainer's prefetch):
+        # only what outlasts that window delays the step
+        keys = coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
+        distributor = np.maximum(keys - cm.key_window, 0.0) + a2a * cm.collective_latency
         (rs_i, rr_i), (rs_n, rr_n) = lk["res_intra"], lk["res_inter"]
         res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0)) * cm.collective_latency
         nvlink = 2.0 * np.maximum(rs_i, rr_i) / cm.bw_intra
@@ -835,30 +824,40 @@ class RankState:
             "per_rank": per_rank,
             "per_table": per_table(cm, layout),
             "dense_allreduce_time": cm.dense_allreduce_time(),
+            "key_window": cm.key_window,
         }
 
 
-def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> np.ndarray:
+def owner_seconds(
+    cm: CostModel, cv: CellValues, hierarchical: bool = False, charge_keys: bool = False
+) -> np.ndarray:
     """Seconds each cell puts on its owner (HBM work, receiving ids, sending results).
 
     With `hierarchical` (rb only, several nodes) the owner sends its partials over NVLink
     to the rail peers of its node, and each rank of the node sends its rail's share over
     its own NIC: the owner keeps the NVLink part and one rank's share of the network part.
+
+    A cell's keys count only beyond the dense compute window (`CostModel.key_window`), as
+    if they were the only keys of its owner (the rank's keys share the window:
+    `RankState.components`). With `charge_keys` they count in full: the greedy's second
+    placement proxy (greedy.greedy), which spreads lookup-heavy cells more.
     """
-    if hierarchical and cm.nodes > 1:
-        if cv.owner_hier is None:
-            cv.owner_hier = _owner_seconds(cm, cv, True)
-        return cv.owner_hier
-    if cv.owner is None:
-        cv.owner = _owner_seconds(cm, cv, False)
-    return cv.owner
+    hier = hierarchical and cm.nodes > 1
+    key = (hier, charge_keys)
+    got = cv.owner.get(key)
+    if got is None:
+        got = cv.owner[key] = _owner_seconds(cm, cv, hier, charge_keys)
+    return got
 
 
-def _owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool) -> np.ndarray:
+def _owner_seconds(
+    cm: CostModel, cv: CellValues, hierarchical: bool, charge_keys: bool
+) -> np.ndarray:
     W, G, N = cm.W, cm.G, cm.nodes
-    keys = (
-        cv.hbm_own / cm.bw_hbm + (G - 1) * cv.dist / cm.bw_intra + (W - G) * cv.dist / cm.bw_inter
-    )
+    key_links = (G - 1) * cv.dist / cm.bw_intra + (W - G) * cv.dist / cm.bw_inter
+    if not charge_keys:
+        key_links = np.maximum(key_links - cm.key_window, 0.0)
+    keys = cv.hbm_own / cm.bw_hbm + key_links
     if hierarchical:
         return keys + 2.0 * (N * (G - 1) * cv.res / cm.bw_intra + (N - 1) * cv.res / cm.bw_inter)
     return keys + 2.0 * ((G - 1) * cv.res / cm.bw_intra + (W - G) * cv.res / cm.bw_inter)

@@ -201,10 +201,16 @@ def _shared_seconds(st: RankState) -> float:
     cm = st.cm
     lk = st.links()
     t = st.times() - st.hbm_own / cm.bw_hbm
+    keys = np.zeros(cm.W)
     for k in LINKS:
         sent, received = lk[k]
-        t = t - np.maximum(np.maximum(sent, received), 0.0) * _per_byte(cm, k)
-    return float(t.max())
+        side = np.maximum(np.maximum(sent, received), 0.0) * _per_byte(cm, k)
+        if k.startswith("dist"):
+            keys = keys + side
+        else:
+            t = t - side
+    # the key phase counts only beyond the dense compute window (RankState.components)
+    return float((t - np.maximum(keys - cm.key_window, 0.0)).max())
 
 
 def _clone(st: RankState) -> RankState:
@@ -536,7 +542,10 @@ class _Refiner:
             var_ns[k] = np.round(np.maximum(own_side, 0) * scale).astype(np.int64)
             fix_ns[k] = np.round(np.maximum(other, 0) * scale).astype(np.int64)
         t_ns = np.round(self.times * TIME_SCALE).astype(np.int64)
-        link_now = sum(np.maximum(var_ns[k], fix_ns[k]) for k in LINKS)
+        window_ns = int(round(cm.key_window * TIME_SCALE))
+        side_now = {k: np.maximum(var_ns[k], fix_ns[k]) for k in LINKS}
+        keys_now = np.maximum(side_now["dist_intra"] + side_now["dist_inter"] - window_ns, 0)
+        link_now = side_now["res_intra"] + side_now["res_inter"] + keys_now
         base_ns = t_ns - link_now - cur_part["hbm"] - cur_uni
         m = cp_model.CpModel()
         y: dict[tuple[str, int], cp_model.IntVar] = {}
@@ -643,7 +652,7 @@ class _Refiner:
             # each link costs its busier side: the owner side (fixed part plus the cells
             # placed here) or the other side (fixed part plus the cells on the other ranks
             # of the node, for intra-node links, or on the other nodes)
-            zs = []
+            zs = {}
             for k in LINKS:
                 z = m.new_int_var(0, top + 1, f"z_{k}_{a}")
                 v0 = int(var_ns[k][a] - cur_part[k][a])
@@ -654,10 +663,14 @@ class _Refiner:
                 else:
                     m.add(z >= w0 + sum(node_sum[k, n] for n in f_nodes) - here)
                 m.add(z >= v0 + sum(c * v for c, v in terms[k][a]))
-                z_hints.append((z, int(max(fix_ns[k][a], var_ns[k][a]))))
-                zs.append(z)
+                z_hints.append((z, int(side_now[k][a])))
+                zs[k] = z
+            # the key phase beyond the dense compute window (RankState.components)
+            key = m.new_int_var(0, top + 1, f"keys_{a}")
+            m.add(key >= zs["dist_intra"] + zs["dist_inter"] - window_ns)
+            z_hints.append((key, int(keys_now[a])))
             hbm = sum(c * v for c, v in terms["hbm"][a])
-            m.add(int(base_ns[a]) + uload + hbm + sum(zs) <= T)
+            m.add(int(base_ns[a]) + uload + hbm + zs["res_intra"] + zs["res_inter"] + key <= T)
             m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
         out_t = 0
         if out_f.any():

@@ -41,9 +41,9 @@ typedef i64 key_t;  // row index / key (int64)
 constexpr int BLOCK = 256;  // threads per block
 typedef float storage_t;  // element as stored (fp32)
 typedef uint4 raw_t;  // one vector, raw bits
-constexpr int WIDTH = 40;  // elements per row (cell width)
+constexpr int WIDTH = 16;  // elements per row (cell width)
 constexpr int VEC = 4;  // elements per vector access
-constexpr int GROUP = 16;  // threads per bag / row
+constexpr int GROUP = 4;  // threads per bag / row
 constexpr int CHUNKS = 1;  // vectors per thread
 typedef float step_t;  // adam's per-row step count
 __device__ __forceinline__ float to_float(storage_t x) { return embark_f32_to_float(x); }
@@ -162,7 +162,7 @@ __device__ __forceinline__ void apply_update(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_upd_adagrad_w40_fp32_int64(
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_upd_adagrad_w16_fp32_int64(
     cfg::storage_t* __restrict__ weight,          // [num_rows, WIDTH], updated in place
     float* __restrict__ state0, float* __restrict__ state1, cfg::step_t* __restrict__ state2,
     const cfg::key_t* __restrict__ unique_rows,   // [num_unique] distinct local rows

@@ -46,12 +46,12 @@ typedef i64 key_t;  // row index / key (int64)
 constexpr int BLOCK = 256;  // threads per block
 typedef float storage_t;  // element as stored (fp32)
 typedef uint4 raw_t;  // one vector, raw bits
-constexpr int WIDTH = 24;  // elements per row (cell width)
+constexpr int WIDTH = 16;  // elements per row (cell width)
 constexpr int VEC = 4;  // elements per vector access
-constexpr int GROUP = 8;  // threads per bag / row
+constexpr int GROUP = 4;  // threads per bag / row
 constexpr int CHUNKS = 1;  // vectors per thread
 constexpr bool WEIGHTED = false;  // per-id weights
-constexpr int OUT_WIDTH = 24;  // columns of the pooled output
+constexpr int OUT_WIDTH = 16;  // columns of the pooled output
 typedef float step_t;  // adam's per-row step count
 __device__ __forceinline__ float to_float(storage_t x) { return embark_f32_to_float(x); }
 __device__ __forceinline__ storage_t from_float(float x) { return embark_float_to_f32(x); }
@@ -169,7 +169,7 @@ __device__ __forceinline__ void apply_update(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_bwd_adagrad_w24_fp32_sum_unw_h0_int64(
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_bwd_adagrad_w16_fp32_sum_unw_h0_int64(
     const float* __restrict__ grad_out,        // [num_bags, OUT_WIDTH]
     const i64* __restrict__ offsets,           // [num_bags + 1]
     const float* __restrict__ per_id_weights,  // [nnz], or null when not WEIGHTED
