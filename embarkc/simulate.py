@@ -57,11 +57,11 @@ number of rb/ub clusters (one all-to-all each), `hier` the hierarchical ones and
 
 (no latencies on a single rank). `window` is the dense compute during which the trainer
 sends the next batch's keys (`key_window`, dense.prefetch_window): key traffic beyond it
-delays the step, traffic within it is hidden. A rank's time is the sum of its components; the step
-time is the largest rank's time (collectives wait for the slowest rank). The dense
-model's all-reduce is the same for every plan and is reported apart
-(`dense_allreduce_time`), as the planner's estimate does. Efficiencies, latencies and wire
-sizes are those of embarkc/planner/constants.py.
+delays the step, traffic within it is hidden. A rank's time is the sum of its
+components; the step time is the largest rank's time (collectives wait for the slowest
+rank). The dense model's all-reduce is the same for every plan and is reported apart
+(`dense_allreduce_time`), as the planner's estimate does. Efficiencies, latencies and
+wire sizes are those of embarkc/planner/constants.py.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from test_simulate import make_plan
 
 from embark_runtime.plan import dumps_plan
 from embarkc.cli import main
+from embarkc.simulate import key_window
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +24,19 @@ def test_simulate_a_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     for name in ("rb_flat", "rb_hier", "ub0", "dp_dense", "dp_sparse"):
         assert f"  {name} " in out
     assert "estimate vs simulated" in out and "step time" in out
+    assert "keys: charged in full (the plan's topology gives no dense_flops)" in out
+    # with a dense rate the window is said, in the units of the step time
+    rated = make_plan()
+    rated = rated.model_copy(
+        update={"topology": rated.topology.model_copy(update={"dense_flops": 1e9})}
+    )
+    path.write_text(dumps_plan(rated))
+    assert main(["simulate", str(path), "--batches", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"keys: sent during the previous step's dense compute, {key_window(rated) * 1e3:.3f} ms"
+        in out
+    )
 
 
 def test_simulate_a_spec_plans_it_first(capsys: pytest.CaptureFixture[str]) -> None:

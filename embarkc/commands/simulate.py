@@ -149,6 +149,15 @@ def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_
     )
     if result.batches > 1:
         print("  per batch: " + ", ".join(_ms(t) for t in result.step_times))
+    from embarkc.simulate import key_window
+
+    window = key_window(plan)
+    print(
+        f"  keys: sent during the previous step's dense compute, {_ms(window)}: "
+        "only key time beyond it counts"
+        if window
+        else "  keys: charged in full (the plan's topology gives no dense_flops)"
+    )
     est = plan.estimate
     comps = (est.model_extra or {}).get("components") or {}
     crit = (est.model_extra or {}).get("critical_rank")

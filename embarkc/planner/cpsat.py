@@ -120,9 +120,10 @@ SECONDS_PER_DET = 4.5
 2-core development machine: solves of 0.25 deterministic seconds took 0.4-1.25 s of
 CPU there, up to 1.9 s when the shared machine ran slow."""
 
-SECONDS_PER_VAR = 6e-5
-"""CPU seconds of building one boolean of a neighbourhood model and its terms (models
-of 1,500-1,800 booleans took 0.05-0.1 s to build)."""
+SECONDS_PER_VAR = 8.5e-5
+"""CPU seconds of building one boolean of a neighbourhood model and its terms: DCNv2 on
+32 GPUs built 117,335 booleans in 12 neighbourhoods in 9.9 s of CPU (its column-cut
+units give large neighbourhoods), where 6e-5 let a 30 s plan take 26.5 s."""
 
 SECONDS_PER_OPTION = 1.5e-3
 """CPU seconds of measuring one grid option in the full model (its U_o)."""
