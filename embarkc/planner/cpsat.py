@@ -115,15 +115,17 @@ MAX_SCALE = 4
 LNS_STALL = 40
 """Consecutive non-improving neighbourhoods after which the search stops early."""
 
-SECONDS_PER_DET = 4.5
+SECONDS_PER_DET = 7.0
 """CPU seconds per deterministic second of CP-SAT's search (without presolve) on the
-2-core development machine: solves of 0.25 deterministic seconds took 0.4-1.25 s of
-CPU there, up to 1.9 s when the shared machine ran slow."""
+2-core development machine. It depends on the model: with column-cut units (the
+greedy's column start) T200 on 128 GPUs took 6.4 s alone and 7.1-9.0 s with another
+job on the second core, DCNv2 on 32 GPUs 5.0-7.5 s, T180 on 128 GPUs 1.9 s; the
+largest models decide, so that the plan command stays within its time limit."""
 
-SECONDS_PER_VAR = 8.5e-5
-"""CPU seconds of building one boolean of a neighbourhood model and its terms: DCNv2 on
-32 GPUs built 117,335 booleans in 12 neighbourhoods in 9.9 s of CPU (its column-cut
-units give large neighbourhoods), where 6e-5 let a 30 s plan take 26.5 s."""
+SECONDS_PER_VAR = 1e-4
+"""CPU seconds of building one boolean of a neighbourhood model and its terms (about
+nine terms each): 85,354 booleans took 9.4 s on T200 on 128 GPUs, 108,156 took 10.3 s on
+DCNv2 on 32 (with another job on the second core)."""
 
 SECONDS_PER_OPTION = 1.5e-3
 """CPU seconds of measuring one grid option in the full model (its U_o)."""
