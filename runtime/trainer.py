@@ -182,7 +182,12 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p.add_argument(
         "--reference", action="store_true", help="train unsharded in one process (no torchrun)"
     )
-    p.add_argument("--no-overlap", action="store_true", help="do not prefetch the next batch")
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="do not prefetch the next batch (the plan's estimate hides key time under the "
+        "dense compute unless its hardware says `dense_flops 0`)",
+    )
     p.add_argument(
         "--numerics",
         choices=("auto", "exact", "fp32"),

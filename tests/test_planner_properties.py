@@ -68,6 +68,9 @@ def programs(draw):
         hbm_bandwidth=1e12,
         intra_node_bandwidth=1e11,
         inter_node_bandwidth=1e10,
+        # no window, one that hides every key, and ones that hide some (the key phase
+        # of these small programs is 0.1-10 us; the dense part a few thousand FLOPs)
+        dense_flops=draw(st.sampled_from([0.0, 1e9, 1e13, 1e15])),
     )
     return Program(
         name="p",

@@ -88,6 +88,12 @@ COLUMN_SHARE = 0.25
 the owners' work (T200 on 128 GPUs: 3.558 ms with no column start, 3.349 at 0.5, 3.310 at
 0.25, 3.296 at 0.125; T510 5.394, 5.132, 4.989, 4.990)."""
 
+COLUMN_ONLY_RANKS = 64
+"""On more ranks than this, a program of more than FOUR_START_UNITS units whose keys hide
+searches the column start alone: a descent's cost grows with the ranks (T510 on 128
+GPUs: the first start's took 1.2 s), while on T510 at 32 GPUs the first start still
+wins (13.750 ms against 13.767) in a fraction of a second."""
+
 P_NORM = 16.0
 """Exponent of the norm the search descends on (see `Search.score`)."""
 
@@ -618,8 +624,8 @@ def greedy(
     placement modes (`FOUR_START_UNITS`), programs with more than `MULTI_START_UNITS`
     units the first start only. When keys hide under the dense compute
     (`CostModel.key_window`), two more: the first start with its heavy units cut into
-    columns (`column_start`; for programs of more than FOUR_START_UNITS units it
-    replaces the other starts), and the hierarchical start with the keys charged in full
+    columns (`column_start`; for programs of more than FOUR_START_UNITS units on more
+    than COLUMN_ONLY_RANKS ranks it replaces the other starts), and the hierarchical start with the keys charged in full
     in its placement proxy (`owner_seconds(..., charge_keys=True)`).
     """
     units = units_of(cm)
@@ -651,7 +657,7 @@ def greedy(
         # keys hide under the dense compute: column cuts cost the owners nothing more
         col = column_start(cm, units, starts[0])
         if col not in starts:
-            if len(units) > FOUR_START_UNITS:
+            if len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS:
                 # planning time: on large programs it replaces the other starts, and it
                 # ends lower (T510 on 128 GPUs 4.989 ms in 0.37 s of descent, the first
                 # start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.158 against 6.872)
