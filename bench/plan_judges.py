@@ -27,9 +27,10 @@ several judges that differ from ours in how the hardware is assumed to behave:
 * `dense x8 faster`: the dense part computes eight times faster than our fp32 window
   assumes (TF32 or bf16 tensor cores), so only an eighth as much key time hides.
 * `keys hidden`: the key all-to-all costs no time of its own, only its share of the
-  links, however long it is: a rank's time is the larger of its step without the key
-  phase and its links' total occupancy (keys included). A bound for a runtime whose
-  dense part is long enough.
+  links, however long it is: it overlaps the whole step as well as the dense compute
+  window. A rank's time is the larger of its step without the key phase and each link's
+  total occupancy (keys included) less the window, during which the links carry only
+  keys. A bound for a runtime that streams keys at any time.
 
 The plans are not re-planned per judge: the question is how plans made for our model fare
 under another. For each judge the bench prints the step time of every plan and the ratios
@@ -131,7 +132,8 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
     if judge.keys_hidden:
         key_i, key_n = per_phase[0]  # A2A_PHASES[0] is the key phase
         chain = hbm + nvl + net - key_i - key_n
-        return max(chain, nvl, net) + fixed - key_calls  # the key calls hide as well
+        # the key calls hide as well
+        return max(chain, nvl - window, net - window) + fixed - key_calls
     # the key phase (first) counts only beyond the dense compute window
     if judge.links == "concurrent":
         times = [max(ti, tn) for ti, tn in per_phase]

@@ -110,6 +110,11 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     assert bench.rank_seconds(wplan, rc, ring, J("x", window=0.125)) == pytest.approx(
         serial - 0.5e-4
     )
+    # keys hidden: the links' totals less the window (NIC 1.06 - 0.4 ms) stay below the
+    # chain without the key phase
+    assert bench.rank_seconds(wplan, rc, ring, J("k", keys_hidden=True)) == pytest.approx(
+        chain + fixed - 3 * call
+    )
     busy = RankCounts(
         rank=0,
         hbm_bytes=0.0,
@@ -119,6 +124,10 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     # ... and here the NIC's total, keys included, decides
     assert bench.rank_seconds(plan, busy, (0.0, 0.0), J("k", keys_hidden=True)) == pytest.approx(
         3e-3 + fixed - 3 * call
+    )
+    # ... less the window, in which the NIC carries only keys
+    assert bench.rank_seconds(wplan, busy, (0.0, 0.0), J("k", keys_hidden=True)) == pytest.approx(
+        3e-3 - 4e-4 + fixed - 3 * call
     )
 
 
