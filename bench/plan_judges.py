@@ -16,7 +16,8 @@ several judges that differ from ours in how the hardware is assumed to behave:
   after the other).
 * `pipelined`: HBM work and both links overlap completely (a perfectly pipelined
   runtime); a rank's time is the busiest of its HBM, NVLink and NIC totals plus the fixed
-  latencies. An optimistic bound.
+  latencies, each link's total less the keys it carries during the dense compute window
+  (up to the window). An optimistic bound.
 * `network x0.5`, `hbm x0.5`, `nvlink x0.5`: one resource reaches only half the
   efficiency our constants assume (a congested fabric; gather kernels far below the
   roofline; NVLink all-to-all at small messages).
@@ -29,8 +30,8 @@ several judges that differ from ours in how the hardware is assumed to behave:
 * `keys hidden`: the key all-to-all costs no time of its own, only its share of the
   links, however long it is: it overlaps the whole step as well as the dense compute
   window. A rank's time is the larger of its step without the key phase and each link's
-  total occupancy (keys included) less the window, during which the links carry only
-  keys. A bound for a runtime that streams keys at any time.
+  total occupancy (keys included) less the keys it carries during the window (up to the
+  window). A bound for a runtime that streams keys at any time.
 
 The plans are not re-planned per judge: the question is how plans made for our model fare
 under another. For each judge the bench prints the step time of every plan and the ratios
@@ -127,13 +128,17 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
     # each link's total occupancy over the step
     nvl = sum(t for t, _ in per_phase) + ring[0]
     net = sum(t for _, t in per_phase) + ring[1]
+    key_i, key_n = per_phase[0]  # A2A_PHASES[0] is the key phase
+    # with the links running at once, each carries up to a window of keys during the
+    # dense compute
+    nvl_step = nvl - min(key_i, window)
+    net_step = net - min(key_n, window)
     if judge.links == "pipelined":
-        return max(hbm, nvl, net) + fixed
+        return max(hbm, nvl_step, net_step) + fixed
     if judge.keys_hidden:
-        key_i, key_n = per_phase[0]  # A2A_PHASES[0] is the key phase
         chain = hbm + nvl + net - key_i - key_n
         # the key calls hide as well
-        return max(chain, nvl - window, net - window) + fixed - key_calls
+        return max(chain, nvl_step, net_step) + fixed - key_calls
     # the key phase (first) counts only beyond the dense compute window
     if judge.links == "concurrent":
         times = [max(ti, tn) for ti, tn in per_phase]

@@ -110,6 +110,11 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     assert bench.rank_seconds(wplan, rc, ring, J("x", window=0.125)) == pytest.approx(
         serial - 0.5e-4
     )
+    # pipelined: each link's total less the keys it carries in the window (NVLink's
+    # 0.2 ms whole, the NIC's 0.4 ms up to the window): HBM decides
+    assert bench.rank_seconds(wplan, rc, ring, J("p", links="pipelined")) == pytest.approx(
+        1e-3 + fixed
+    )
     # keys hidden: the links' totals less the window (NIC 1.06 - 0.4 ms) stay below the
     # chain without the key phase
     assert bench.rank_seconds(wplan, rc, ring, J("k", keys_hidden=True)) == pytest.approx(

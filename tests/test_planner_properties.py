@@ -179,3 +179,78 @@ def test_baselines_are_valid_plans():
             continue
         validate_rules(plan)
         assert plan.estimate.step_time >= g.estimate.step_time * 0.999 or name == "column-wise"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_fixed_strategies_fit_their_buffers_or_say_they_do_not(program):
+    from embarkc.planner.baselines import build_layout
+
+    cm = CostModel(program)
+    for name in FIXED:
+        try:
+            layout = build_layout(cm, name)
+        except EmbarkError as err:
+            assert "does not fit" in str(err), str(err)
+            continue
+        assert cm.layout_state(layout).memory().max() <= cm.capacity + 1, name
+
+
+def test_every_ranks_buffers_count_against_its_memory():
+    """The requesters' buffers of every sharded table sit on every rank: the greedy and
+    the fixed strategies leave room for them (a plan of 1.0 MiB of weights, state and
+    buffers on a 1.0 MiB GPU was accepted when they did not), and say what does not fit."""
+    from embarkc.ir import Access, Optimizer, Table, TableConstraint
+    from embarkc.planner.baselines import build_layout
+
+    uni = Access(kind="uniform")
+    zipf = Access(kind="zipf", alpha=1.2, permuted=False)
+    shapes = [
+        (2699, 8, "sgd", 8, zipf),
+        (1881, 32, "adam", 3, uni),
+        (1581, 8, "adam", 8, zipf),
+        (1, 4, "sgd", 1, uni),
+    ]
+    hbm = 1 << 20
+
+    def program(hbm_bytes: int) -> Program:
+        return Program(
+            name="p",
+            sources=(Source(path="<p>", sha256="0"),),
+            topology=Topology(
+                nodes=1,
+                gpus_per_node=1,
+                hbm_bytes=hbm_bytes,
+                hbm_bandwidth=1e12,
+                intra_node_bandwidth=1e11,
+                inter_node_bandwidth=1e10,
+            ),
+            tables=tuple(
+                Table(name=f"t{i}", rows=r, dim=d, optimizer=Optimizer(kind=o))
+                for i, (r, d, o, _, _) in enumerate(shapes)
+            ),
+            features=tuple(
+                Feature(name=f"f{i}", table=f"t{i}", hotness=h, max_hotness=h, access=a)
+                for i, (_, _, _, h, a) in enumerate(shapes)
+            ),
+            model=DenseModel(batch_size=64, dense_features=1),
+            constraints=(TableConstraint(table="t0", cluster="ub"),),
+            colocate=(Colocate(tables=("t0", "t1")),),
+        )
+
+    tight = program(hbm)
+    cm = CostModel(tight)
+    with pytest.raises(EmbarkError) as e:
+        plan_program(tight, solver="greedy", baselines=False)
+    assert "no placement fits in 1 GPU of 1.0 MiB" in str(e.value)
+    assert "buffers every GPU holds" in str(e.value)
+    for name in FIXED:  # each fits, buffers included, or says it does not
+        try:
+            layout = build_layout(cm, name)
+        except EmbarkError as err:
+            assert "does not fit" in str(err), str(err)
+            continue
+        assert cm.layout_state(layout).memory().max() <= cm.capacity + 1, name
+    roomy = program(2 * hbm)
+    plan = plan_program(roomy, solver="greedy", baselines=False)
+    _check_invariants(roomy, plan)

@@ -28,6 +28,7 @@ from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
 from embarkc.planner.cost import CostModel, owner_seconds
 from embarkc.planner.types import Layout, Placement, column_widths
+from embarkc.units import format_bytes
 
 FIXED = STRATEGIES[2:]
 
@@ -45,18 +46,18 @@ def _lpt(cm: CostModel, name: str, items: list[tuple[str, Placement]]) -> Layout
     loads = np.zeros(cm.W)
     mem = np.zeros(cm.W)
     cells: list[tuple[float, int, int, float]] = []
-    values = []
+    uniform = 0.0  # the requesters' buffers, on every rank
     for ti, (tname, p) in enumerate(items):
         cv = cm.grid_values(cm.facts[tname], p)
         secs = owner_seconds(cm, cv)
         m = cv.weights + cv.state + cv.buf_own
-        values.append((secs, m))
+        uniform += cv.buf_all
         for ci in range(len(secs)):
             cells.append((-float(secs[ci]), ti, ci, float(m[ci])))
     cells.sort()
     ranks = [[-1] * p.cells for _, p in items]
     for neg, ti, ci, m in cells:
-        room = mem + m <= cm.capacity
+        room = mem + m <= cm.capacity - uniform
         if not room.any():
             raise _unfit(cm, name, f"a cell of `{items[ti][0]}` finds no GPU with room")
         a = int(np.argmin(np.where(room, loads, np.inf)))
@@ -70,17 +71,17 @@ def build_layout(cm: CostModel, name: str) -> Layout:
     """The layout of fixed strategy `name` (one of FIXED)."""
     prog = cm.program
     W, G = cm.W, cm.G
+    layout: Layout = {}
     if name == "table-wise":
         items = [(t.name, Placement("rb", 1, (t.dim,), (0,))) for t in prog.tables]
-        return _lpt(cm, name, items)
-    if name == "column-wise":
+        layout = _lpt(cm, name, items)
+    elif name == "column-wise":
         items = []
         for t in prog.tables:
             c = 1 if t.optimizer.kind == "rowwise_adagrad" else max(1, min(W, t.dim // 16))
             items.append((t.name, Placement("rb", 1, column_widths(t.dim, c), (0,) * c)))
-        return _lpt(cm, name, items)
-    layout: Layout = {}
-    if name == "row-wise":
+        layout = _lpt(cm, name, items)
+    elif name == "row-wise":
         for t in prog.tables:
             r = min(W, t.rows)
             layout[t.name] = Placement("rb", r, (t.dim,), tuple(range(r)))
@@ -106,8 +107,8 @@ def build_layout(cm: CostModel, name: str) -> Layout:
         raise _unfit(
             cm,
             name,
-            f"rank {worst} would hold {mem[worst] / 2**30:.1f} GiB, more than "
-            f"{cm.capacity / 2**30:.1f} GiB",
+            f"rank {worst} would hold {format_bytes(mem[worst])} (weights, optimizer state "
+            f"and buffers), more than {format_bytes(cm.capacity)}",
         )
     return layout
 

@@ -48,6 +48,7 @@ from embarkc.planner.clusters import (
 )
 from embarkc.planner.cost import CostModel, RankState, owner_seconds
 from embarkc.planner.types import Layout, Placement, column_widths
+from embarkc.units import format_bytes
 
 Progress = Callable[[str, float, float], None]
 """progress(stage, fraction done, best step time so far)."""
@@ -234,6 +235,11 @@ class Search:
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]]]:
         return unit_cells(self.cm, u, d, self.charge_keys)
 
+    def _uniform_bytes(self, templates: list[tuple[str, Placement]]) -> float:
+        """Bytes a sharded unit puts on every rank: the requesters' buffers."""
+        cm = self.cm
+        return float(sum(cm.grid_values(cm.facts[n], p).buf_all for n, p in templates))
+
     def _node_send(self, u: Unit, d: Decision) -> float:
         """Result bytes a hierarchical rb unit on one node returns to each requester on
         another node (one vector per column range; 0 for other kinds): every rank of the
@@ -283,11 +289,15 @@ class Search:
             self.applied[u.name] = _Applied(empty, np.zeros(0), np.zeros(0), load, mem)
         else:
             load_c, mem_c, templates = self._cells(u, d)
+            uni = self._uniform_bytes(templates)
+            if float(self.mem.max()) + self.uniform_mem + uni > cm.capacity:
+                raise NoRoom(u)
             order = np.argsort(-load_c, kind="stable")
             send = self._node_send(u, d)
-            ranks = self._assign(u, order, load_c, mem_c, ref, one_node(u, d), send)
+            ranks = self._assign(u, order, load_c, mem_c, ref, one_node(u, d), send, uni)
             placements = [(n, p.with_ranks(tuple(int(x) for x in ranks))) for n, p in templates]
-            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, 0.0)
+            self.uniform_mem += uni
+            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, uni)
         for name, p in placements:
             self.layout[name] = p
             self.state.add_table(name, p, 1.0)
@@ -302,12 +312,15 @@ class Search:
         ref: np.ndarray | None = None,
         one_node: bool = False,
         node_send: float = 0.0,
+        uniform: float = 0.0,
     ) -> np.ndarray:
+        """Ranks for the unit's cells in `order`; `uniform`: bytes the unit puts on every
+        rank besides its cells (the requesters' communication buffers)."""
         cm = self.cm
         ranks = np.full(len(load_c), -1, dtype=np.int64)
         used = np.zeros(cm.W, dtype=bool)
         allowed = np.ones(cm.W, dtype=bool)
-        free = cm.capacity - self.uniform_mem
+        free = cm.capacity - self.uniform_mem - uniform
         # rank times of the exact model without this unit (or the owner loads alone, in
         # the owner-load mode), plus what its cells add
         if not self.exact_ref:
@@ -362,17 +375,22 @@ class Search:
                 self.place(u, d)
                 continue
             load_c, mem_c, templates = self._cells(u, d)
-            prepared[u.name] = (load_c, mem_c, templates, np.full(len(load_c), -1, np.int64))
+            uni = self._uniform_bytes(templates)
+            prepared[u.name] = (load_c, mem_c, templates, np.full(len(load_c), -1, np.int64), uni)
             for ci in range(len(load_c)):
                 cells.append((-float(load_c[ci]), ui, ci, 0))
         cells.sort()
         cm = self.cm
+        # every rank holds every sharded unit's requester buffers
+        self.uniform_mem += sum(v[4] for v in prepared.values())
+        if float(self.mem.max()) + self.uniform_mem > cm.capacity and prepared:
+            raise NoRoom(self.by_name[next(iter(prepared))])
         free = cm.capacity - self.uniform_mem
         used: dict[str, np.ndarray] = {}
         allowed: dict[str, np.ndarray] = {}
         for _, ui, ci, _ in cells:
             u = self.units[ui]
-            load_c, mem_c, _, ranks = prepared[u.name]
+            load_c, mem_c, _, ranks, _ = prepared[u.name]
             us = used.setdefault(u.name, np.zeros(cm.W, dtype=bool))
             al = allowed.get(u.name)
             if al is None and one_node(u, decisions[u.name]):
@@ -399,8 +417,8 @@ class Search:
             d = decisions[u.name]
             if d.kind == "dp":
                 continue
-            load_c, mem_c, templates, ranks = prepared[u.name]
-            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, 0.0)
+            load_c, mem_c, templates, ranks, uni = prepared[u.name]
+            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, uni)
             for name, p in templates:
                 q = p.with_ranks(tuple(int(x) for x in ranks))
                 self.layout[name] = q
@@ -797,11 +815,13 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
                 break
             decisions[u.name] = replace(d, r=min(u.max_r, d.r * 2))
     biggest = max(search.units, key=lambda u: unit_bytes(cm, u))
+    total = sum(unit_bytes(cm, u) for u in search.units)
     raise EmbarkError.at(
         cm.program.sources[0].path,
-        f"no placement fits in {cm.W} GPUs of {cm.capacity / 2**30:.1f} GiB: the largest "
-        f"table group ({', '.join(biggest.tables[:3])}) needs "
-        f"{unit_bytes(cm, biggest) / 2**30:.1f} GiB and the shard constraints or the "
-        "communication buffers leave no room",
+        f"no placement fits in {cm.W} GPU{'s' if cm.W != 1 else ''} of "
+        f"{format_bytes(cm.capacity)}: the largest table group "
+        f"({', '.join(biggest.tables[:3])}) needs {format_bytes(unit_bytes(cm, biggest))}, "
+        f"all tables {format_bytes(total)} ({format_bytes(total / cm.W)} per GPU), and the "
+        "shard constraints or the communication buffers every GPU holds leave no room",
         hint="allow more row shards, lower memory_headroom, or add GPUs",
     )
