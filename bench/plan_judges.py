@@ -91,7 +91,9 @@ JUDGES = (
 )
 
 
-def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) -> float:
+def rank_seconds(
+    plan: Any, rc: Any, ring: tuple[float, float], judge: Judge, window: float | None = None
+) -> float:
     """One rank's step time under `judge`, from the simulator's counts `rc` (a RankCounts).
 
     `ring` is the dp dense all-reduce's (NVLink, NIC) seconds of its slowest rank: the
@@ -103,7 +105,7 @@ def rank_seconds(plan: Any, rc: Any, ring: tuple[float, float], judge: Judge) ->
 
     topo = plan.topology
     many = topo.world_size > 1
-    window = key_window(plan) * judge.window
+    window = (key_window(plan) if window is None else window) * judge.window
     bw_hbm = topo.hbm_bandwidth * C.HBM_EFFICIENCY * judge.hbm
     bw_i = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY * judge.nvlink
     bw_n = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY * judge.network
@@ -166,8 +168,11 @@ def ring_seconds(plan: Any, per_rank: list[Any], judge: Judge) -> tuple[float, f
 
 def step_seconds(plan: Any, result: Any, judge: Judge) -> float:
     """The plan's step time under `judge`: its slowest rank's."""
+    from embarkc.simulate import key_window
+
     ring = ring_seconds(plan, result.per_rank, judge)
-    return max(rank_seconds(plan, rc, ring, judge) for rc in result.per_rank)
+    window = key_window(plan)
+    return max(rank_seconds(plan, rc, ring, judge, window) for rc in result.per_rank)
 
 
 @functools.cache

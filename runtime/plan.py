@@ -8,9 +8,9 @@ tools read them with `load_plan`, which rejects a plan that breaks a rule of the
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params, tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
-  topology.{arch, dense_flops}, model, seed, estimate.{critical_rank, components, per_rank[].components,
-  per_rank[].memory, per_table}, planner.{objective, bound, greedy_step_time, baselines,
-  message}
+  topology.{arch, dense_flops}, model, seed, estimate.{critical_rank, components,
+  per_rank[].components, per_rank[].memory, per_table, key_window}, planner.{objective,
+  bound, greedy_step_time, baselines, message}
 """
 
 from __future__ import annotations

@@ -555,6 +555,11 @@ class CostModel:
     def step_time(self, layout: Layout) -> float:
         return self.layout_state(layout).step_time()
 
+    def keys_beyond_window(self, seconds: np.ndarray) -> np.ndarray:
+        """Key link seconds that outlast the dense compute window (`key_window`): what of
+        the key phase delays the step (docs/communication.md, "Overlap")."""
+        return np.maximum(seconds - self.key_window, 0.0)
+
     def dense_allreduce_time(self) -> float:
         """Hierarchical all-reduce of the dense model's fp32 gradients
         (`collectives.allreduce`; not part of the step time)."""
@@ -758,7 +763,7 @@ class RankState:
         # the keys travel during the previous step's dense compute (the trainer's prefetch):
         # only what outlasts that window delays the step
         keys = coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
-        distributor = np.maximum(keys - cm.key_window, 0.0) + a2a * cm.collective_latency
+        distributor = cm.keys_beyond_window(keys) + a2a * cm.collective_latency
         (rs_i, rr_i), (rs_n, rr_n) = lk["res_intra"], lk["res_inter"]
         res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0)) * cm.collective_latency
         nvlink = 2.0 * np.maximum(rs_i, rr_i) / cm.bw_intra
@@ -856,7 +861,7 @@ def _owner_seconds(
     W, G, N = cm.W, cm.G, cm.nodes
     key_links = (G - 1) * cv.dist / cm.bw_intra + (W - G) * cv.dist / cm.bw_inter
     if not charge_keys:
-        key_links = np.maximum(key_links - cm.key_window, 0.0)
+        key_links = cm.keys_beyond_window(key_links)
     keys = cv.hbm_own / cm.bw_hbm + key_links
     if hierarchical:
         return keys + 2.0 * (N * (G - 1) * cv.res / cm.bw_intra + (N - 1) * cv.res / cm.bw_inter)

@@ -213,7 +213,7 @@ def _shared_seconds(st: RankState) -> float:
         else:
             t = t - side
     # the key phase counts only beyond the dense compute window (RankState.components)
-    return float((t - np.maximum(keys - cm.key_window, 0.0)).max())
+    return float((t - cm.keys_beyond_window(keys)).max())
 
 
 def _clone(st: RankState) -> RankState:

@@ -235,6 +235,10 @@ class Search:
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]]]:
         return unit_cells(self.cm, u, d, self.charge_keys)
 
+    def _room_everywhere(self, extra: float) -> bool:
+        """Whether every rank has room for `extra` more bytes (what a unit puts on all)."""
+        return float(self.mem.max()) + self.uniform_mem + extra <= self.cm.capacity
+
     def _uniform_bytes(self, templates: list[tuple[str, Placement]]) -> float:
         """Bytes a sharded unit puts on every rank: the requesters' buffers."""
         cm = self.cm
@@ -278,10 +282,9 @@ class Search:
     def place(self, u: Unit, d: Decision, ref: np.ndarray | None = None) -> None:
         """Place one unit with decision `d` on the current loads (raises NoRoom); `ref`:
         the rank times of the current state when the caller has them (it is consumed)."""
-        cm = self.cm
         if d.kind == "dp":
             load, mem, placements = self._dp(u)
-            if float(self.mem.max()) + self.uniform_mem + mem > cm.capacity:
+            if not self._room_everywhere(mem):
                 raise NoRoom(u)
             self.uniform_load += load
             self.uniform_mem += mem
@@ -290,7 +293,7 @@ class Search:
         else:
             load_c, mem_c, templates = self._cells(u, d)
             uni = self._uniform_bytes(templates)
-            if float(self.mem.max()) + self.uniform_mem + uni > cm.capacity:
+            if not self._room_everywhere(uni):
                 raise NoRoom(u)
             order = np.argsort(-load_c, kind="stable")
             send = self._node_send(u, d)
@@ -382,9 +385,10 @@ class Search:
         cells.sort()
         cm = self.cm
         # every rank holds every sharded unit's requester buffers
-        self.uniform_mem += sum(v[4] for v in prepared.values())
-        if float(self.mem.max()) + self.uniform_mem > cm.capacity and prepared:
+        buffers = sum(v[4] for v in prepared.values())
+        if prepared and not self._room_everywhere(buffers):
             raise NoRoom(self.by_name[next(iter(prepared))])
+        self.uniform_mem += buffers
         free = cm.capacity - self.uniform_mem
         used: dict[str, np.ndarray] = {}
         allowed: dict[str, np.ndarray] = {}
@@ -643,8 +647,9 @@ def greedy(
     units the first start only. When keys hide under the dense compute
     (`CostModel.key_window`), two more: the first start with its heavy units cut into
     columns (`column_start`; for programs of more than FOUR_START_UNITS units on more
-    than COLUMN_ONLY_RANKS ranks it replaces the other starts), and the hierarchical start with the keys charged in full
-    in its placement proxy (`owner_seconds(..., charge_keys=True)`).
+    than COLUMN_ONLY_RANKS ranks it replaces the other starts), and the hierarchical
+    start with the keys charged in full in its placement proxy
+    (`owner_seconds(..., charge_keys=True)`).
     """
     units = units_of(cm)
     check_fits(cm, units)
