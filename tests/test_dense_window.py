@@ -15,7 +15,7 @@ from embarkc.frontend import load_program
 from embarkc.planner import constants as K
 from embarkc.planner import plan_program
 from embarkc.planner.cost import CostModel, dense_shape, layout_of_plan
-from embarkc.planner.greedy import COLUMN_SHARE, column_start, unit_cells
+from embarkc.planner.greedy import COLUMN_SHARES, column_start, unit_cells
 from embarkc.simulate import dense_parameters, key_window, simulate, step_time_of
 from tests.conftest import ROOT, keys_in_full
 
@@ -161,7 +161,8 @@ def test_a_plan_without_a_dense_rate_charges_the_keys_in_full() -> None:
     assert b.step_time > a.step_time
 
 
-def test_the_column_start_cuts_heavy_units_into_cells_of_a_quarter_share() -> None:
+@pytest.mark.parametrize("share", COLUMN_SHARES)
+def test_the_column_start_cuts_heavy_units_into_cells_of_the_share(share: float) -> None:
     program = load_program(ROOT / "specs" / "paper" / "t200.embark")
     cm = CostModel(program)
     from embarkc.planner.clusters import initial_grid, units_of
@@ -169,9 +170,9 @@ def test_the_column_start_cuts_heavy_units_into_cells_of_a_quarter_share() -> No
 
     units = units_of(cm)
     start = {u.name: Decision("rb", *initial_grid(cm, u)) for u in units}
-    out = column_start(cm, units, start)
+    out = column_start(cm, units, start, share)
     loads = {u.name: float(unit_cells(cm, u, start[u.name])[0].sum()) for u in units}
-    piece = COLUMN_SHARE * sum(loads.values()) / cm.W
+    piece = share * sum(loads.values()) / cm.W
     cut = [u for u in units if out[u.name] != start[u.name]]
     assert cut  # the hot 50M-row tables
     for u in units:

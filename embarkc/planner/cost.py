@@ -323,8 +323,8 @@ class CellValues:
     hbm_all: float
     """HBM bytes every rank moves for the table as a requester (summing partials, ub pooling)."""
     buf_all: float
-    owner: dict[tuple[bool, bool], np.ndarray] = field(default_factory=dict)
-    """Cache of `owner_seconds` for these cells, by (hierarchical, charge_keys)."""
+    owner: dict[bool, np.ndarray] = field(default_factory=dict)
+    """Cache of `owner_seconds` for these cells, by hierarchical."""
 
 
 @dataclass
@@ -701,6 +701,65 @@ class RankState:
         self.hbm_all += sign * cv.hbm_all
         self.all_buf += sign * cv.buf_all
 
+    def move_cell(
+        self, cv: CellValues, ranks: np.ndarray, ci: int, b: int, hierarchical: bool = False
+    ) -> None:
+        """Move cell `ci` of a table added with `cv` on `ranks` to rank `b` (`ranks` is left
+        as it is): the same sums as removing the table and adding it again with
+        `ranks[ci] = b`, in O(its cells). A hierarchical cell moves within its node (its
+        partials' group is unchanged); across nodes it is removed and added whole."""
+        cm = self.cm
+        W, G, nodes = cm.W, cm.G, cm.nodes
+        a = int(ranks[ci])
+        if a == b:
+            return
+        na, nb = a // G, b // G
+        if hierarchical and nodes > 1 and na != nb:
+            moved = ranks.copy()
+            moved[ci] = b
+            self.add_cells(cv, ranks, -1.0, hierarchical)
+            self.add_cells(cv, moved, 1.0, hierarchical)
+            return
+        for sums, v in (
+            (self.hbm_own, cv.hbm_own),
+            (self.weights, cv.weights),
+            (self.state_b, cv.state),
+            (self.buf, cv.buf_own),
+        ):
+            x = float(v[ci])
+            sums[a] -= x
+            sums[b] += x
+        # distributor: once per distinct (row shard, owner rank)
+        same = cv.j == cv.j[ci]
+        same[ci] = False
+        others = ranks[same]
+        d = float(cv.dist[ci])
+        if not (others == a).any():
+            self.dist_own[a] -= d
+            self.dist_node[na] -= d
+            self.dist_tot -= d
+        if not (others == b).any():
+            self.dist_own[b] += d
+            self.dist_node[nb] += d
+            self.dist_tot += d
+        x = float(cv.res[ci])
+        if not hierarchical or nodes == 1:
+            self.res_sent_intra[a] -= (G - 1) * x
+            self.res_sent_intra[b] += (G - 1) * x
+            self.res_sent_inter[a] -= (W - G) * x
+            self.res_sent_inter[b] += (W - G) * x
+            self.res_recv_intra_node[na] -= x
+            self.res_recv_intra_node[nb] += x
+            self.res_recv_intra_sub[a] -= x
+            self.res_recv_intra_sub[b] += x
+            self.res_recv_inter_node_sub[na] -= x
+            self.res_recv_inter_node_sub[nb] += x
+        else:
+            self.res_sent_intra[a] -= nodes * (G - 1) * x
+            self.res_sent_intra[b] += nodes * (G - 1) * x
+            self.res_recv_intra_sub[a] -= nodes * x
+            self.res_recv_intra_sub[b] += nodes * x
+
     def _add_one(self, cv: CellValues, a: int, sign: float, hierarchical: bool) -> None:
         """`add_cells` for a table of one cell (the common case), without numpy calls."""
         cm = self.cm
@@ -833,9 +892,7 @@ class RankState:
         }
 
 
-def owner_seconds(
-    cm: CostModel, cv: CellValues, hierarchical: bool = False, charge_keys: bool = False
-) -> np.ndarray:
+def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> np.ndarray:
     """Seconds each cell puts on its owner (HBM work, receiving ids, sending results).
 
     With `hierarchical` (rb only, several nodes) the owner sends its partials over NVLink
@@ -844,24 +901,19 @@ def owner_seconds(
 
     A cell's keys count only beyond the dense compute window (`CostModel.key_window`), as
     if they were the only keys of its owner (the rank's keys share the window:
-    `RankState.components`). With `charge_keys` they count in full: the greedy's second
-    placement proxy (greedy.greedy), which spreads lookup-heavy cells more.
+    `RankState.components`).
     """
     hier = hierarchical and cm.nodes > 1
-    key = (hier, charge_keys)
-    got = cv.owner.get(key)
+    got = cv.owner.get(hier)
     if got is None:
-        got = cv.owner[key] = _owner_seconds(cm, cv, hier, charge_keys)
+        got = cv.owner[hier] = _owner_seconds(cm, cv, hier)
     return got
 
 
-def _owner_seconds(
-    cm: CostModel, cv: CellValues, hierarchical: bool, charge_keys: bool
-) -> np.ndarray:
+def _owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool) -> np.ndarray:
     W, G, N = cm.W, cm.G, cm.nodes
     key_links = (G - 1) * cv.dist / cm.bw_intra + (W - G) * cv.dist / cm.bw_inter
-    if not charge_keys:
-        key_links = cm.keys_beyond_window(key_links)
+    key_links = cm.keys_beyond_window(key_links)
     keys = cv.hbm_own / cm.bw_hbm + key_links
     if hierarchical:
         return keys + 2.0 * (N * (G - 1) * cv.res / cm.bw_intra + (N - 1) * cv.res / cm.bw_inter)

@@ -4,11 +4,13 @@
    or rb for every unit in the second start) and the smallest grid whose cells fit
    comfortably (`clusters.initial_grid`). On several nodes, when the spec leaves the
    communication to the planner, a further start makes every rb unit hierarchical
-   (`hierarchical_start`).
+   (`hierarchical_start`). When the keys hide under the dense compute, the first start
+   is also searched with its heavy units cut into columns, once per cell size of
+   COLUMN_SHARES (`column_start`).
 2. `place_all`: all cells, heaviest first, each on the least-loaded rank that has room
    (load = the seconds a cell puts on its owner, `cost.owner_seconds`, keys only beyond
-   the dense compute window, or in full in one further start; room = weights,
-   state and buffers within `hbm_bytes - memory_headroom`). Cells of one unit prefer
+   the dense compute window; room = weights, state and buffers within
+   `hbm_bytes - memory_headroom`). Cells of one unit prefer
    distinct ranks. `within_node` units and hierarchical rb units keep all their cells on
    one node (`one_node`): the node whose ranks they leave least loaded (`best_node`).
    A hierarchical table's partials are summed inside that node, so one vector per
@@ -24,7 +26,10 @@
    (T510 on 128 GPUs: 6.50 -> 5.87 ms). Descent and polish repeat while the step time
    falls (`DESCENT_CYCLES`).
 5. A fresh heaviest-first placement of the final grids, improved again; the faster of the
-   two, and of the starts, is returned.
+   two, and of the starts, is kept.
+6. `Search.rebalance` (programs of up to FOUR_START_UNITS units): single cells of the
+   critical rank moved, or swapped with lighter cells, onto the least-loaded ranks and
+   the ranks of their node, by the exact model; the result is returned.
 """
 
 from __future__ import annotations
@@ -84,10 +89,14 @@ FOUR_START_UNITS = 300
 """Up to this many units each start is also searched placing cells by owner loads alone
 (the other mode places them by the full model's rank times): neither mode wins always."""
 
-COLUMN_SHARE = 0.25
-"""`column_start` cuts units into cells of about this fraction of a rank's fair share of
-the owners' work (T200 on 128 GPUs: 3.558 ms with no column start, 3.349 at 0.5, 3.310 at
-0.25, 3.296 at 0.125; T510 5.394, 5.132, 4.989, 4.990)."""
+COLUMN_SHARES = (0.95, 0.63, 0.42, 0.28, 0.19)
+"""The cell sizes `column_start` is run with, as fractions of a rank's fair share of the
+owners' work: a geometric ladder of ratio 1.5, each searched and the fastest kept. Finer
+cells pack the ranks closer but add work (narrow cells pay whole DRAM sectors, every cell
+its launches), and where the balance lies depends on the workload: on 128 GPUs the best
+share is 0.42-0.63 for T180 (4.241 ms; 4.544 at 0.25 alone), 0.63 for T200 (3.224; 3.310),
+0.19 for T510 (4.709; 4.989), and a descent from each ends in its own local minimum
+(T180: 4.478, 4.554, 4.242, 4.241, 4.480 from fine to coarse)."""
 
 COLUMN_ONLY_RANKS = 64
 """On more ranks than this, a program of more than FOUR_START_UNITS units whose keys hide
@@ -109,6 +118,17 @@ of more than FOUR_START_UNITS units (planning time)."""
 
 POLISH_ROUNDS = 6
 """Moves the polish applies at most (each one a full scan of its candidates)."""
+
+REBALANCE_EVALS = 6000
+"""Layouts `Search.rebalance` evaluates at most (about 0.2 ms each on 128 GPUs, by
+`RankState.move_cell`). The gains come after long plateaus of equal ranks: T200 on 128
+GPUs 3.224 ms, 3.224 after 1,000 evaluations, 3.112 after 3,000; T180 on 8 GPUs 37.401,
+37.139 after 1,000, 37.056 after 3,000, 37.023 after 6,000; DCNv2 on 32 GPUs 1.233,
+1.219, 1.212, 1.198 (1.196 after 12,000)."""
+
+REBALANCE_TARGETS = 16
+"""`Search.rebalance` tries the critical rank's cells on this many of the least-loaded
+ranks, and on every rank of the critical rank's node."""
 
 
 def one_node(u: Unit, d: Decision) -> bool:
@@ -152,9 +172,9 @@ def best_node(
 
 
 def unit_cells(
-    cm: CostModel, u: Unit, d: Decision, charge_keys: bool = False
+    cm: CostModel, u: Unit, d: Decision
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]]]:
-    """Per-cell proxy load (`owner_seconds`, keys in full with `charge_keys`) and memory
+    """Per-cell proxy load (`owner_seconds`) and memory
     of a unit's grid `d` (summed over its tables), and each table's template placement."""
     n = d.r * d.c
     load = np.zeros(n)
@@ -164,7 +184,7 @@ def unit_cells(
         tf = cm.facts[name]
         p = d.placement(tf.dim)
         cv = cm.grid_values(tf, p)
-        load += owner_seconds(cm, cv, p.hierarchical, charge_keys)
+        load += owner_seconds(cm, cv, p.hierarchical)
         mem += cv.weights + cv.state + cv.buf_own
         templates.append((name, p))
     return load, mem, templates
@@ -207,11 +227,9 @@ class Search:
         units: list[Unit],
         progress: Progress | None = None,
         exact_ref: bool = True,
-        charge_keys: bool = False,
     ):
         self.cm = cm
         self.exact_ref = exact_ref
-        self.charge_keys = charge_keys
         self.units = units
         self.by_name = {u.name: u for u in units}
         self.progress = progress
@@ -233,7 +251,7 @@ class Search:
     def _cells(
         self, u: Unit, d: Decision
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]]]:
-        return unit_cells(self.cm, u, d, self.charge_keys)
+        return unit_cells(self.cm, u, d)
 
     def _room_everywhere(self, extra: float) -> bool:
         """Whether every rank has room for `extra` more bytes (what a unit puts on all)."""
@@ -377,8 +395,7 @@ class Search:
             if d.kind == "dp":
                 self.place(u, d)
                 continue
-            load_c, mem_c, templates = self._cells(u, d)
-            uni = self._uniform_bytes(templates)
+            load_c, mem_c, templates, uni = self._prepare(u, d)
             prepared[u.name] = (load_c, mem_c, templates, np.full(len(load_c), -1, np.int64), uni)
             for ci in range(len(load_c)):
                 cells.append((-float(load_c[ci]), ui, ci, 0))
@@ -419,15 +436,35 @@ class Search:
             self.mem[a] += mem_c[ci]
         for u in self.units:
             d = decisions[u.name]
-            if d.kind == "dp":
-                continue
-            load_c, mem_c, templates, ranks, uni = prepared[u.name]
-            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, uni)
-            for name, p in templates:
-                q = p.with_ranks(tuple(int(x) for x in ranks))
-                self.layout[name] = q
-                self.state.add_table(name, q, 1.0)
-            self.decisions[u.name] = d
+            if d.kind != "dp":
+                self._install(u, d, *prepared[u.name])
+
+    def _prepare(
+        self, u: Unit, d: Decision
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]], float]:
+        """A sharded unit's cell loads, cell memory, template placements and the bytes it
+        puts on every rank."""
+        load_c, mem_c, templates = self._cells(u, d)
+        return load_c, mem_c, templates, self._uniform_bytes(templates)
+
+    def _install(
+        self,
+        u: Unit,
+        d: Decision,
+        load_c: np.ndarray,
+        mem_c: np.ndarray,
+        templates: list[tuple[str, Placement]],
+        ranks: np.ndarray,
+        uni: float,
+    ) -> None:
+        """Record sharded unit `u`, its cells on `ranks`, in the layout and the exact state
+        (the proxy loads and memory are the caller's)."""
+        self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, uni)
+        for name, p in templates:
+            q = p.with_ranks(tuple(int(x) for x in ranks))
+            self.layout[name] = q
+            self.state.add_table(name, q, 1.0)
+        self.decisions[u.name] = d
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> tuple[Any, ...]:
@@ -457,6 +494,150 @@ class Search:
         for k, v in scalars.items():
             setattr(self.state, k, v)
         self.state.counts = dict(counts)
+
+    def adopt(self, decisions: dict[str, Decision], layout: Layout) -> None:
+        """Set the state to `layout`, whose units have the grids of `decisions`."""
+        self.reset()
+        for u in self.units:
+            d = decisions[u.name]
+            if d.kind == "dp":
+                self.place(u, d)
+                continue
+            load_c, mem_c, templates, uni = self._prepare(u, d)
+            ranks = np.asarray(layout[u.tables[0]].ranks, dtype=np.int64)
+            np.add.at(self.loads, ranks, load_c)
+            np.add.at(self.mem, ranks, mem_c)
+            self.uniform_mem += uni
+            self._install(u, d, load_c, mem_c, templates, ranks, uni)
+
+    def _set_ranks(self, u: Unit, ranks: np.ndarray) -> None:
+        """Move the cells of sharded unit `u` to `ranks` (one per cell), grid unchanged."""
+        a = self.applied[u.name]
+        np.add.at(self.loads, a.ranks, -a.load)
+        np.add.at(self.mem, a.ranks, -a.mem)
+        for name in u.tables:
+            p = self.layout[name]
+            self.state.add_table(name, p, -1.0)
+            q = p.with_ranks(tuple(int(x) for x in ranks))
+            self.layout[name] = q
+            self.state.add_table(name, q, 1.0)
+        np.add.at(self.loads, ranks, a.load)
+        np.add.at(self.mem, ranks, a.mem)
+        self.applied[u.name] = _Applied(ranks, a.load, a.mem, a.uniform_load, a.uniform_mem)
+
+    def rebalance(self, max_evals: int) -> float:
+        """Move single cells off the critical rank: each cell there to one of the
+        REBALANCE_TARGETS least-loaded ranks or to a rank of its node, alone or swapped
+        with a lighter cell of that rank (memory and one-node units respected), judged by
+        the exact model; apply the move that lowers the 16-norm most, and repeat until
+        none does or `max_evals` layouts have been evaluated. Whole-unit moves cannot make
+        these trades: re-placing a unit moves all its cells, and the owner loads that
+        place them overstate what a cell adds to a rank whose links have slack (a rank
+        that receives more than it sends carries a cell's results for nothing). Ends in
+        the layout of the lowest step time seen, which it returns."""
+        cm = self.cm
+        free = cm.capacity - self.uniform_mem
+        cur = self.score()
+        best = (cur[1], self.snapshot())
+        evals = 0
+        while evals < max_evals:
+            t = self.state.times()
+            crit = int(np.argmax(t))
+            node = int(cm.node_of[crit])
+            order = [int(a) for a in np.argsort(t, kind="stable")]
+            targets = list(
+                dict.fromkeys(
+                    order[:REBALANCE_TARGETS]
+                    + [a for a in order if cm.node_of[a] == node and a != crit]
+                )
+            )
+            on: dict[int, list[tuple[float, str, int]]] = {}
+            for name, a in self.applied.items():
+                for ci, r in enumerate(a.ranks.tolist()):
+                    on.setdefault(r, []).append((-float(a.load[ci]), name, ci))
+            moving = sorted(on.get(crit, []))
+            found: tuple[float, list[tuple[str, int, int]]] | None = None
+            for neg, name, ci in moving:
+                stay = one_node(self.by_name[name], self.decisions[name])
+                for tr in targets:
+                    if tr == crit or (stay and cm.node_of[tr] != node):
+                        continue
+                    options: list[tuple[str, int] | None] = [None]
+                    options += [
+                        (n2, cj)
+                        for neg2, n2, cj in sorted(on.get(tr, []))
+                        if n2 != name and -neg2 < -neg
+                    ]
+                    for other in options:
+                        moves = self._cell_moves(name, ci, tr, crit, other, free)
+                        if moves is None:
+                            continue
+                        if evals >= max_evals:
+                            break
+                        sc = self._score_moves(moves)
+                        evals += 1
+                        if self.better(sc, cur) and (found is None or sc[0] < found[0]):
+                            found = (sc[0], moves)
+            if found is None:
+                break
+            for name, ci, to in found[1]:
+                ranks = self.applied[name].ranks.copy()
+                ranks[ci] = to
+                self._set_ranks(self.by_name[name], ranks)
+            cur = self.score()
+            if cur[1] < best[0] * (1 - 1e-9):
+                best = (cur[1], self.snapshot())
+        self.restore(best[1])
+        return best[0]
+
+    def _cell_moves(
+        self,
+        name: str,
+        ci: int,
+        tr: int,
+        crit: int,
+        other: tuple[str, int] | None,
+        free: float,
+    ) -> list[tuple[str, int, int]] | None:
+        """(unit, cell, new rank) of the cells that change when cell `ci` of `name` moves
+        from `crit` to `tr` (and cell `other` of `tr` to `crit`); None when memory or the
+        other unit's node forbids it."""
+        a = self.applied[name]
+        if other is None:
+            if self.mem[tr] + a.mem[ci] > free:
+                return None
+            return [(name, ci, tr)]
+        n2, cj = other
+        b = self.applied[n2]
+        if one_node(self.by_name[n2], self.decisions[n2]) and (
+            self.cm.node_of[crit] != self.cm.node_of[tr]
+        ):
+            return None
+        if self.mem[tr] - b.mem[cj] + a.mem[ci] > free:
+            return None
+        if self.mem[crit] - a.mem[ci] + b.mem[cj] > free:
+            return None
+        return [(name, ci, tr), (n2, cj, crit)]
+
+    def _move_cell(self, name: str, ranks: np.ndarray, ci: int, to: int) -> None:
+        """Move cell `ci` of unit `name`, whose cells are on `ranks`, to rank `to` in the
+        exact state only (`RankState.move_cell`); `ranks` is updated."""
+        cm = self.cm
+        for t in self.by_name[name].tables:
+            p = self.layout[t]
+            cv = cm.placement_values(cm.facts[t], p)
+            self.state.move_cell(cv, ranks, ci, to, p.hierarchical)
+        ranks[ci] = to
+
+    def _score_moves(self, moves: list[tuple[str, int, int]]) -> tuple[float, float]:
+        """`score` with the cell `moves` made; the state is left as it was."""
+        ranks = {name: self.applied[name].ranks.copy() for name, _, _ in moves}
+        for name, ci, to in moves:
+            self._move_cell(name, ranks[name], ci, to)
+        sc = self.score()
+        for name, ci, _ in reversed(moves):
+            self._move_cell(name, ranks[name], ci, int(self.applied[name].ranks[ci]))
+        return sc
 
     # ------------------------------------------------------------------ moves
     def candidates(
@@ -645,11 +826,11 @@ def greedy(
     on the whole plan, not on each table alone; small programs search each start in two
     placement modes (`FOUR_START_UNITS`), programs with more than `MULTI_START_UNITS`
     units the first start only. When keys hide under the dense compute
-    (`CostModel.key_window`), two more: the first start with its heavy units cut into
-    columns (`column_start`; for programs of more than FOUR_START_UNITS units on more
-    than COLUMN_ONLY_RANKS ranks it replaces the other starts), and the hierarchical
-    start with the keys charged in full in its placement proxy
-    (`owner_seconds(..., charge_keys=True)`).
+    (`CostModel.key_window`), more: the first start with its heavy units cut into
+    columns, once per share of COLUMN_SHARES (`column_start`; for programs of more than
+    FOUR_START_UNITS units on more than COLUMN_ONLY_RANKS ranks these replace the other
+    starts). The fastest result is rebalanced
+    cell by cell (`Search.rebalance`) on programs of up to FOUR_START_UNITS units.
     """
     units = units_of(cm)
     check_fits(cm, units)
@@ -671,32 +852,28 @@ def greedy(
     hier = hierarchical_start(cm, units, starts[0])
     if hier is not None and hier not in starts:
         starts.append(hier)
-    runs = [(d, True, False) for d in starts]
+    runs = [(d, True) for d in starts]
     if len(units) <= FOUR_START_UNITS:
-        runs += [(d, False, False) for d in starts]
+        runs += [(d, False) for d in starts]
     elif len(units) > MULTI_START_UNITS:
         runs = runs[:1]
     if cm.key_window > 0:
         # keys hide under the dense compute: column cuts cost the owners nothing more
-        col = column_start(cm, units, starts[0])
-        if col not in starts:
-            if len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS:
-                # planning time: on large programs it replaces the other starts, and it
-                # ends lower (T510 on 128 GPUs 4.989 ms in 0.37 s of descent, the first
-                # start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.158 against 6.872)
-                runs = []
-            runs.append((col, True, False))
-        keyed = hierarchical_start(cm, units, starts[0], charge_keys=True)
-        if keyed is not None:
-            # the hierarchical start once more with the keys charged in full (its fair
-            # share and its placement proxy): hidden keys still mark the lookup-heavy
-            # units, and spreading them can end the descent lower (T180 on 128 GPUs:
-            # 4.544 -> 4.521 ms)
-            runs.append((keyed, True, True))
+        cols: list[dict[str, Decision]] = []
+        for share in COLUMN_SHARES:
+            col = column_start(cm, units, starts[0], share)
+            if col not in starts and col not in cols:
+                cols.append(col)
+        if cols and len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS:
+            # planning time: on large programs they replace the other starts, and they
+            # end lower (T510 on 128 GPUs 4.709 ms in about 0.2 s of descent each, the
+            # first start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.158 against 6.872)
+            runs = []
+        runs += [(col, True) for col in cols]
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
-    for i, (decisions, exact_ref, charge_keys) in enumerate(runs):
-        search = Search(cm, units, progress, exact_ref, charge_keys)
+    for i, (decisions, exact_ref) in enumerate(runs):
+        search = Search(cm, units, progress, exact_ref)
         try:
             decisions = _place_splitting(search, decisions)
         except EmbarkError:
@@ -707,13 +884,20 @@ def greedy(
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     assert best is not None
+    if len(units) <= FOUR_START_UNITS and cm.W > 1:
+        # single cells off the critical rank (planning time: not on larger programs)
+        search = Search(cm, units, progress)
+        search.adopt(best[2], best[1])
+        if search.rebalance(REBALANCE_EVALS) < best[0] * (1 - 1e-9):
+            layout = dict(search.layout)
+            best = (cm.step_time(layout), layout, dict(search.decisions))
     if progress is not None:
         progress("greedy", 1.0, best[0])
     return GreedyResult(best[1], best[0], best[2], units)
 
 
 def column_start(
-    cm: CostModel, units: list[Unit], start: dict[str, Decision], share: float = COLUMN_SHARE
+    cm: CostModel, units: list[Unit], start: dict[str, Decision], share: float
 ) -> dict[str, Decision]:
     """`start` with every sharded unit whose owner work (`owner_seconds`) exceeds `share`
     of a rank's fair share (the owners' total work over the ranks) cut into enough
@@ -744,7 +928,7 @@ def column_start(
 
 
 def hierarchical_start(
-    cm: CostModel, units: list[Unit], start: dict[str, Decision], charge_keys: bool = False
+    cm: CostModel, units: list[Unit], start: dict[str, Decision]
 ) -> dict[str, Decision] | None:
     """`start` with every rb unit hierarchical, and twice the row shards for each rb unit
     whose owner work (`owner_seconds`, hierarchical) exceeds the mean per rank of all rb
@@ -759,7 +943,7 @@ def hierarchical_start(
     by_name = {u.name: u for u in units}
     hier = {n: replace(d, comm="hierarchical") if d.kind == "rb" else d for n, d in start.items()}
     loads = {
-        u.name: float(unit_cells(cm, u, hier[u.name], charge_keys)[0].sum())
+        u.name: float(unit_cells(cm, u, hier[u.name])[0].sum())
         for u in units
         if hier[u.name].kind == "rb"
     }
