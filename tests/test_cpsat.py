@@ -10,7 +10,7 @@ from embark_runtime.plan import dumps_plan
 from embarkc.ir import Access, DenseModel, Feature, Optimizer, Program, Source, Table, Topology
 from embarkc.planner import plan_program
 from embarkc.planner.cost import CostModel
-from embarkc.planner.cpsat import MAX_RANKS, decision_of, refine
+from embarkc.planner.cpsat import WHOLE_RANKS, decision_of, refine
 from embarkc.planner.greedy import greedy
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED, keys_in_full
@@ -67,7 +67,7 @@ def test_lns_is_deterministic_and_never_worse_than_greedy():
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4)
     cm = CostModel(prog)
     g = greedy(cm)
-    assert cm.W > MAX_RANKS  # this case takes the neighbourhood path
+    assert cm.W > WHOLE_RANKS  # this case takes the neighbourhood path
     r1 = refine(cm, g, time_limit=0.6, seed=3)
     r2 = refine(CostModel(prog), greedy(CostModel(prog)), time_limit=0.6, seed=3)
     assert r1.layout == r2.layout and r1.status == r2.status
@@ -169,12 +169,13 @@ def test_plateau_neighbourhoods_free_the_ranks_that_share_the_maximum(monkeypatc
 
 def test_grown_neighbourhoods_free_more_ranks_and_units():
     """When small neighbourhoods are proven to hold nothing faster, the search doubles
-    them: twice the ranks (up to 2 x MAX_RANKS) and units."""
+    them: twice the ranks (up to 2 x (MAX_RANKS + LNS_RANKS)) and units."""
     from embarkc.planner import cpsat
 
     cm = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", nodes=16))
     ref = cpsat._Refiner(cm, greedy(cm))
     small = ref.neighbourhood(np.random.default_rng(0), False)
     large = ref.neighbourhood(np.random.default_rng(0), False, scale=2)
-    assert len(small[0]) <= cpsat.MAX_RANKS < len(large[0]) <= 2 * cpsat.MAX_RANKS
+    most = cpsat.MAX_RANKS + cpsat.LNS_RANKS
+    assert len(small[0]) <= most and len(small[0]) < len(large[0]) <= 2 * most
     assert len(large[1]) > len(small[1])

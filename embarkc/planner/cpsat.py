@@ -74,11 +74,21 @@ from embarkc.planner.cost import CostModel, RankState
 from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node, unit_cells
 from embarkc.planner.types import Layout, Placement
 
-LNS_RANKS = 8
-"""Ranks of a neighbourhood besides those of the critical rank's units."""
+LNS_RANKS = 4
+"""Ranks of a neighbourhood besides the critical rank and the ranks of its units: the
+lightest half of them, and seeded random others."""
 
-MAX_RANKS = 16
-"""Most ranks in one neighbourhood (the critical rank's units join it while they fit)."""
+MAX_RANKS = 8
+"""Most ranks of the critical rank and its units in one neighbourhood (the units join
+while their ranks fit; LNS_RANKS more join after them). Small neighbourhoods: the
+greedy's rebalance leaves no single-cell move, and CP-SAT finds the coordinated ones in
+small models within its 0.25 deterministic seconds, not in large ones. With 4 and 8
+(CP-SAT 30 s; in brackets with the former 8 and 16): T510 on 32 GPUs 13.750 -> 13.574
+ms (13.687), T200 on 32 9.605 -> 9.577 (greedy kept), on 128 3.112 -> 3.111 (kept), T180
+on 8 37.023 -> 37.008 (kept); 4 and 12 were nowhere better than 4 and 8."""
+
+WHOLE_RANKS = 16
+"""Programs of at most WHOLE_UNITS units on at most this many ranks are solved whole."""
 
 MAX_FREE_UNITS = 32
 """Most units whose grid and placement one neighbourhood re-decides."""
@@ -87,7 +97,7 @@ DP_FREE_UNITS = 2
 """dp units freed per neighbourhood (their option of becoming sharded)."""
 
 WHOLE_UNITS = 32
-"""Programs of at most this many units on at most MAX_RANKS ranks are solved whole."""
+"""Programs of at most this many units on at most WHOLE_RANKS ranks are solved whole."""
 
 MAX_CELL_VARS = 12000
 """Most cell-to-rank booleans in one model: options beyond it are left out."""
@@ -799,7 +809,7 @@ def refine(
         return RefineResult(g.layout, "greedy", None, None, 0.0, "nothing to refine")
     ref = _Refiner(cm, g)
     rng = np.random.default_rng(seed)
-    whole = cm.W <= MAX_RANKS and len(g.units) <= WHOLE_UNITS
+    whole = cm.W <= WHOLE_RANKS and len(g.units) <= WHOLE_UNITS
     best_t, best_layout = float(ref.times.max()), dict(ref.layout)
     cur_norm = _norm(ref.times)
     per_step = min(time_limit / 4, WHOLE_STEP_DET) if whole else LNS_STEP_DET
