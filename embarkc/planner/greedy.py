@@ -92,8 +92,8 @@ FOUR_START_UNITS = 300
 COLUMN_SHARES = (0.95, 0.63, 0.42, 0.28, 0.19)
 """The cell sizes `column_start` is run with, as fractions of a rank's fair share of the
 owners' work: a geometric ladder of ratio 1.5, each searched and the fastest kept. Finer
-cells pack the ranks closer but add work (narrow cells pay whole DRAM sectors, every cell
-its launches), and where the balance lies depends on the workload: on 128 GPUs the best
+cells pack the ranks closer but add work (narrow cells pay whole DRAM sectors, and every
+cell reads its ids again), and where the balance lies depends on the workload: on 128 GPUs the best
 share is 0.42-0.63 for T180 (4.241 ms; 4.544 at 0.25 alone), 0.63 for T200 (3.224; 3.310),
 0.19 for T510 (4.709; 4.989), and a descent from each ends in its own local minimum
 (T180: 4.478, 4.554, 4.242, 4.241, 4.480 from fine to coarse)."""
@@ -829,8 +829,8 @@ def greedy(
     (`CostModel.key_window`), more: the first start with its heavy units cut into
     columns, once per share of COLUMN_SHARES (`column_start`; for programs of more than
     FOUR_START_UNITS units on more than COLUMN_ONLY_RANKS ranks these replace the other
-    starts). The fastest result is rebalanced
-    cell by cell (`Search.rebalance`) on programs of up to FOUR_START_UNITS units.
+    starts). The fastest result is rebalanced cell by cell (`Search.rebalance`) on
+    programs of up to FOUR_START_UNITS units.
     """
     units = units_of(cm)
     check_fits(cm, units)
@@ -867,7 +867,7 @@ def greedy(
         if cols and len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS:
             # planning time: on large programs they replace the other starts, and they
             # end lower (T510 on 128 GPUs 4.709 ms in about 0.2 s of descent each, the
-            # first start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.158 against 6.872)
+            # first start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.184 against 6.872)
             runs = []
         runs += [(col, True) for col in cols]
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
