@@ -708,8 +708,7 @@ class RankState:
         as it is): the same sums as removing the table and adding it again with
         `ranks[ci] = b`, in O(its cells). A hierarchical cell moves within its node (its
         partials' group is unchanged); across nodes it is removed and added whole."""
-        cm = self.cm
-        W, G, nodes = cm.W, cm.G, cm.nodes
+        G, nodes = self.cm.G, self.cm.nodes
         a = int(ranks[ci])
         if a == b:
             return
@@ -720,15 +719,10 @@ class RankState:
             self.add_cells(cv, ranks, -1.0, hierarchical)
             self.add_cells(cv, moved, 1.0, hierarchical)
             return
-        for sums, v in (
-            (self.hbm_own, cv.hbm_own),
-            (self.weights, cv.weights),
-            (self.state_b, cv.state),
-            (self.buf, cv.buf_own),
-        ):
-            x = float(v[ci])
-            sums[a] -= x
-            sums[b] += x
+        # the cell's own terms leave `a` and join `b`; a hierarchical cell stays in its
+        # node, so the summed vector its node sends over the network is unchanged
+        self._cell_terms(cv, ci, a, -1.0, hierarchical)
+        self._cell_terms(cv, ci, b, 1.0, hierarchical)
         # distributor: once per distinct (row shard, owner rank)
         same = cv.j == cv.j[ci]
         same[ci] = False
@@ -742,38 +736,28 @@ class RankState:
             self.dist_own[b] += d
             self.dist_node[nb] += d
             self.dist_tot += d
-        x = float(cv.res[ci])
-        if not hierarchical or nodes == 1:
-            self.res_sent_intra[a] -= (G - 1) * x
-            self.res_sent_intra[b] += (G - 1) * x
-            self.res_sent_inter[a] -= (W - G) * x
-            self.res_sent_inter[b] += (W - G) * x
-            self.res_recv_intra_node[na] -= x
-            self.res_recv_intra_node[nb] += x
-            self.res_recv_intra_sub[a] -= x
-            self.res_recv_intra_sub[b] += x
-            self.res_recv_inter_node_sub[na] -= x
-            self.res_recv_inter_node_sub[nb] += x
-        else:
-            self.res_sent_intra[a] -= nodes * (G - 1) * x
-            self.res_sent_intra[b] += nodes * (G - 1) * x
-            self.res_recv_intra_sub[a] -= nodes * x
-            self.res_recv_intra_sub[b] += nodes * x
 
     def _add_one(self, cv: CellValues, a: int, sign: float, hierarchical: bool) -> None:
         """`add_cells` for a table of one cell (the common case), without numpy calls."""
+        self._cell_terms(cv, 0, a, sign, hierarchical)
+        d = sign * float(cv.dist[0])
+        self.dist_own[a] += d
+        self.dist_node[a // self.cm.G] += d
+        self.dist_tot += d
+        self.hbm_all += sign * cv.hbm_all
+        self.all_buf += sign * cv.buf_all
+
+    def _cell_terms(self, cv: CellValues, ci: int, a: int, sign: float, hierarchical: bool) -> None:
+        """Add (sign 1) or remove (sign -1) cell `ci` of `cv` on rank `a`, as the only cell
+        of its table: everything but the distributor's keys and the requester terms."""
         cm = self.cm
         W, G, nodes = cm.W, cm.G, cm.nodes
         n = a // G
-        self.hbm_own[a] += sign * float(cv.hbm_own[0])
-        self.weights[a] += sign * float(cv.weights[0])
-        self.state_b[a] += sign * float(cv.state[0])
-        self.buf[a] += sign * float(cv.buf_own[0])
-        d = sign * float(cv.dist[0])
-        self.dist_own[a] += d
-        self.dist_node[n] += d
-        self.dist_tot += d
-        x = sign * float(cv.res[0])
+        self.hbm_own[a] += sign * float(cv.hbm_own[ci])
+        self.weights[a] += sign * float(cv.weights[ci])
+        self.state_b[a] += sign * float(cv.state[ci])
+        self.buf[a] += sign * float(cv.buf_own[ci])
+        x = sign * float(cv.res[ci])
         if not hierarchical or nodes == 1:
             self.res_sent_intra[a] += (G - 1) * x
             self.res_sent_inter[a] += (W - G) * x
@@ -786,8 +770,6 @@ class RankState:
             self.res_sent_inter_node[n] += (nodes - 1) * x
         self.res_recv_inter_tot += x
         self.res_recv_inter_node_sub[n] += x
-        self.hbm_all += sign * cv.hbm_all
-        self.all_buf += sign * cv.buf_all
 
     # ------------------------------------------------------------------ results
     def links(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -300,25 +300,23 @@ class Search:
     def place(self, u: Unit, d: Decision, ref: np.ndarray | None = None) -> None:
         """Place one unit with decision `d` on the current loads (raises NoRoom); `ref`:
         the rank times of the current state when the caller has them (it is consumed)."""
-        if d.kind == "dp":
-            load, mem, placements = self._dp(u)
-            if not self._room_everywhere(mem):
-                raise NoRoom(u)
-            self.uniform_load += load
-            self.uniform_mem += mem
-            empty = np.zeros(0, dtype=np.int64)
-            self.applied[u.name] = _Applied(empty, np.zeros(0), np.zeros(0), load, mem)
-        else:
-            load_c, mem_c, templates = self._cells(u, d)
-            uni = self._uniform_bytes(templates)
+        if d.kind != "dp":
+            load_c, mem_c, templates, uni = self._prepare(u, d)
             if not self._room_everywhere(uni):
                 raise NoRoom(u)
             order = np.argsort(-load_c, kind="stable")
             send = self._node_send(u, d)
             ranks = self._assign(u, order, load_c, mem_c, ref, one_node(u, d), send, uni)
-            placements = [(n, p.with_ranks(tuple(int(x) for x in ranks))) for n, p in templates]
             self.uniform_mem += uni
-            self.applied[u.name] = _Applied(ranks, load_c, mem_c, 0.0, uni)
+            self._install(u, d, load_c, mem_c, templates, ranks, uni)
+            return
+        load, mem, placements = self._dp(u)
+        if not self._room_everywhere(mem):
+            raise NoRoom(u)
+        self.uniform_load += load
+        self.uniform_mem += mem
+        empty = np.zeros(0, dtype=np.int64)
+        self.applied[u.name] = _Applied(empty, np.zeros(0), np.zeros(0), load, mem)
         for name, p in placements:
             self.layout[name] = p
             self.state.add_table(name, p, 1.0)
