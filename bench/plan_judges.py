@@ -112,14 +112,17 @@ def rank_seconds(
     a2a = sum(1 for c in plan.clusters if c.kind != "dp")
     hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
+    # hierarchical ub: flat ub on one node
+    hub = sum(1 for c in plan.clusters if c.kind == "ub" and c.communication == "hierarchical")
+    hub = hub if topo.nodes > 1 else 0
     dp = int(any(c.kind == "dp" for c in plan.clusters))
     call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if topo.nodes > 1 else 0.0)
     call *= judge.latency
     launch = C.KERNEL_LAUNCH_SECONDS * judge.latency
-    fixed = (3 * (a2a + dp) + 2 * ub) * launch
-    key_calls = a2a * call if many else 0.0
+    fixed = (3 * (a2a + dp) + 2 * ub + 3 * hub) * launch
+    key_calls = (a2a + hub) * call if many else 0.0
     if many:
-        fixed += key_calls + (2 * a2a + 2 * hier) * call + dp * call
+        fixed += key_calls + (2 * a2a + 2 * hier + 2 * hub) * call + dp * call
 
     def link(phase: str, lk: str) -> float:
         nbytes = max(rc.sent.get(phase, {}).get(lk, 0.0), rc.received.get(phase, {}).get(lk, 0.0))

@@ -99,6 +99,7 @@ def _table_rank_work(plan: Plan, program: Program | None) -> tuple[dict[str, np.
                 plan.cluster_of(t.name).kind,
                 cells[0].row_shards,
                 tuple((s.row_shard, s.columns[0], s.columns[1]) for s in cells),
+                plan.cluster_of(t.name).communication == "hierarchical",
             )
             cluster = plan.cluster_of(t.name)
             hier = cluster.kind == "rb" and cluster.communication == "hierarchical"

@@ -15,6 +15,10 @@ ranks are on one node. Each message belongs to a phase (`PHASES`): `distributor`
 bag lengths, per-id weights), `forward` (rb partials, ub vectors), `backward` (their
 gradients), `dp_exchange` (dp sparse rail all-gather), `ring` (dp dense hierarchical
 all-reduce) and `dense` (the dense model's hierarchical all-reduce, cluster `dense`).
+Hierarchical ub (a ub cluster with `communication` "hierarchical", on several nodes)
+routes every other node's keys, vectors and gradients through the owner's rail peer on
+that node, the aggregator, which deduplicates the node's ids: their bytes stay in the
+phases of flat ub (keys `distributor`, vectors `forward`, gradients `backward`).
 One detail the page leaves open: in hierarchical rb the rail peer of node n sends, per
 (sample, feature), one summed vector covering the union of the column ranges of the
 table's cells on node n.
@@ -29,8 +33,14 @@ of width w, B*F outputs, D distinct rows, K = 8 key bytes, A = max(w * elem, 64)
 per row read, G = max(4w, 64) per gradient access, T = 2 * (weights + state of a row):
 
     rb owner     n (K + A) + 2 B F 4w + n (G + 2K) + D T;   every rank  b F 4w per cell
-    ub owner     U (K + A + 4w) + U (4w + K) + D T + 2 U K   (U = sum over requesters)
+    ub owner     U (K + A + 4w) + U (4w + K) + D T + 2 U K   (U = sum over requesters;
+                 hierarchical: U_a,o of the requesters on the owner's node plus the
+                 union U_n,o of every other node n)
     ub requester n_a,j (4K + 2G) + 2 U_a,j 4w per cell, + 2 b F 4 dim per table
+                 (the same in hierarchical ub)
+    aggregator   R (4K + 4 * 4w) per hierarchical ub cell of another node's owner,
+                 R = sum of U_a,o over the ranks a of its node, its own included (dedup
+                 of the keys received, forward gather and copy, backward read and add)
     dp           n_a (K + A) + 2 b F 4 dim + n_a G, and dense: 2 S + rows (T + 4 dim);
                  sparse: (all ranks' messages) + D T + 2 n_a K
 
@@ -42,15 +52,18 @@ THE CONVERSION TO TIME (`step_time_of`)
 Links are full duplex with the topology's per-direction bandwidth, and the phases of a
 step run one after the other, so a rank's time in a phase on a link is
 max(bytes sent, bytes received) / (bandwidth * efficiency). Per rank, with `a2a` the
-number of rb/ub clusters (one all-to-all each), `hier` the hierarchical ones and `call`
-= COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY on more than one node):
+number of rb/ub clusters (one all-to-all each), `hier` the hierarchical rb ones, `hub`
+the hierarchical ub ones on more than one node (0 on one node; `hierarchical_ub_clusters`)
+and `call` = COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY on more than one node):
 
     lookup       hbm_bytes / (hbm_bandwidth * HBM_EFFICIENCY)
-                 + (3 * (a2a + [any dp]) + 2 * [ub clusters]) * KERNEL_LAUNCH_SECONDS
-    distributor  max(0, t_intra + t_inter of the key phase - window) + a2a * call
+                 + (3 * (a2a + [any dp]) + 2 * [ub clusters] + 3 * hub)
+                   * KERNEL_LAUNCH_SECONDS
+    distributor  max(0, t_intra + t_inter of the key phase - window) + (a2a + hub) * call
     nvlink       t_intra of the forward phase + t_intra of the backward phase
     network      t_inter of the forward phase + t_inter of the backward phase
-                 + (2 * a2a + 2 * hier) * call on the network (on nvlink with one node)
+                 + (2 * a2a + 2 * hier + 2 * hub) * call on the network (on nvlink with
+                 one node)
     dp_exchange  ring time (the dense all-reduce on the slowest rank's links, the same
                  for every rank) + t_intra + t_inter of the sparse all-gather
                  + call if any dp table
@@ -144,6 +157,7 @@ class _TableStats:
     uniq: np.ndarray | None  # distinct ids per (a, j); None when not needed
     distinct_shard: np.ndarray  # [R] distinct ids over the global batch
     per_rank_uniq: np.ndarray | None  # [W] distinct ids of each rank (all row shards)
+    node_uniq: np.ndarray | None = None  # [N, R] distinct ids of each node's samples
 
 
 class _Flows:
@@ -196,11 +210,13 @@ def _table_stats(
     need_ids: bool,
     need_uniq: bool,
     need_rank_uniq: bool,
+    node_gpus: int = 0,
 ) -> _TableStats:
     """Counts of one table over the global batch of its `features` (index, weighted).
 
     Without `need_ids` only bag lengths are read (a dp table with a dense exchange needs
-    no more), which spares drawing its ids.
+    no more), which spares drawing its ids. With `need_uniq` and `node_gpus` = G > 0
+    the distinct ids per (node of G ranks, row shard) are counted too (hierarchical ub).
     """
     b = plan.batch_size // world
     rows = table.rows
@@ -250,7 +266,7 @@ def _table_stats(
             )
         else:
             distinct_shard[0] = len(present)
-    uniq = per_rank_uniq = None
+    uniq = per_rank_uniq = node_uniq = None
     if ranked:
         pairs = np.unique(np.concatenate(ranked))
         a = pairs // rows
@@ -258,9 +274,16 @@ def _table_stats(
             k = pairs - a * rows
             js = row_shard_of(k, rows, r, plan.row_partition) if r > 1 else 0
             uniq = np.bincount(a * r + js, minlength=world * r).reshape(world, r)
+            if node_gpus:
+                nodes = world // node_gpus
+                node_pairs = np.unique((a // node_gpus) * rows + k)
+                m = node_pairs // rows
+                kn = node_pairs - m * rows
+                jn = row_shard_of(kn, rows, r, plan.row_partition) if r > 1 else 0
+                node_uniq = np.bincount(m * r + jn, minlength=nodes * r).reshape(nodes, r)
         if need_rank_uniq:
             per_rank_uniq = np.bincount(a, minlength=world)
-    return _TableStats(n, nw, uniq, distinct_shard, per_rank_uniq)
+    return _TableStats(n, nw, uniq, distinct_shard, per_rank_uniq, node_uniq)
 
 
 class _Source:
@@ -440,6 +463,10 @@ class _StepCounter:
         r = cells[0].row_shards if cells else 1
         kind = cluster.kind
         exchange = cluster.gradient_exchange or "dense"
+        # hierarchical ub on one node is flat ub
+        node_dedup = (
+            kind == "ub" and cluster.communication == "hierarchical" and plan.topology.nodes > 1
+        )
         stats = _table_stats(
             plan,
             t,
@@ -450,6 +477,7 @@ class _StepCounter:
             need_ids=kind != "dp" or exchange == "sparse",
             need_uniq=kind == "ub",
             need_rank_uniq=kind == "ub" or (kind == "dp" and exchange == "sparse"),
+            node_gpus=g if node_dedup else 0,
         )
         local_n = stats.n.sum(axis=1)
         if kind == "dp":
@@ -484,11 +512,19 @@ class _StepCounter:
                     + C.LENGTH_BYTES * b * nfeat
                     + C.WEIGHT_BYTES * stats.nw[:, j]
                 )
+                for o in os_:
+                    flows.add(cluster.name, "distributor", ranks, o, nb)
+            elif node_dedup:
+                assert stats.uniq is not None and stats.node_uniq is not None
+                for o in os_:
+                    h = _NodeDedup(o, g, stats.uniq[:, j], stats.node_uniq[:, j])
+                    flows.add(cluster.name, "distributor", h.near, o, key * h.u[h.near])
+                    flows.add(cluster.name, "distributor", h.far, h.agg[h.far], key * h.u[h.far])
+                    flows.add(cluster.name, "distributor", h.aggregators, o, key * h.un)
             else:
                 assert stats.uniq is not None
-                nb = key * stats.uniq[:, j]
-            for o in os_:
-                flows.add(cluster.name, "distributor", ranks, o, nb)
+                for o in os_:
+                    flows.add(cluster.name, "distributor", ranks, o, key * stats.uniq[:, j])
         for s in cells:
             w, j, o = s.width, s.row_shard, s.rank
             vec = 4 * w
@@ -516,13 +552,28 @@ class _StepCounter:
             else:
                 assert stats.uniq is not None
                 u = stats.uniq[:, j]
-                served = int(u.sum())
+                if node_dedup:
+                    assert stats.node_uniq is not None
+                    h = _NodeDedup(o, g, u, stats.node_uniq[:, j])
+                    served = int(u[h.near].sum() + h.un.sum())
+                    # an aggregator: dedup of the keys it holds, forward gather and copy,
+                    # backward read and add, per id it received (its own included)
+                    hbm[h.aggregators] += h.received * (4 * key + 4 * vec)
+                    for phase, src, dst, nb in (
+                        ("forward", o, h.near, u[h.near] * vec),
+                        ("forward", o, h.aggregators, h.un * vec),
+                        ("forward", h.agg[h.far], h.far, u[h.far] * vec),
+                    ):
+                        flows.add(cluster.name, phase, src, dst, nb)
+                        flows.add(cluster.name, "backward", dst, src, nb)
+                else:
+                    served = int(u.sum())
+                    flows.add(cluster.name, "forward", o, ranks, u * vec)
+                    flows.add(cluster.name, "backward", ranks, o, u * vec)
                 hbm[o] += served * (key + _row_access(t, w) + vec)
                 hbm[o] += served * (vec + key) + d_rows * touched + served * 2 * key
                 # requesters: dedup of their ids, pooling, backward scatter per id
                 hbm += stats.n[:, j] * (4 * key + 2 * _grad_access(w)) + u * vec * 2
-                flows.add(cluster.name, "forward", o, ranks, u * vec)
-                flows.add(cluster.name, "backward", ranks, o, u * vec)
             ids[o] += served
             distinct[o] += d_rows
         if kind == "ub":
@@ -535,6 +586,31 @@ class _StepCounter:
                 nb = b * f_t * 4 * width
                 flows.add(cluster.name, "forward", peer, other, nb)
                 flows.add(cluster.name, "backward", other, peer, nb)
+
+
+class _NodeDedup:
+    """Hierarchical ub for one owner `o` of a row shard (docs/communication.md): who
+    sends to whom, given the distinct ids `u[a]` of every rank and `un[n]` of every node
+    in that row shard."""
+
+    def __init__(self, o: int, g: int, u: np.ndarray, un: np.ndarray):
+        ranks = np.arange(len(u), dtype=np.int64)
+        node = ranks // g
+        m = o // g
+        self.u = u
+        self.near = ranks[node == m]
+        """Requesters on the owner's node, served as in flat ub."""
+        self.far = ranks[node != m]
+        """Requesters on the other nodes, served by their aggregator."""
+        self.agg = node * g + o % g
+        """The aggregator of every rank's node: the owner's rail peer there."""
+        others = np.flatnonzero(np.arange(len(un)) != m)
+        self.aggregators = others * g + o % g
+        """The aggregators of the other nodes, in node order."""
+        self.un = un[others]
+        """The union of ids of each aggregator's node (keys it sends the owner)."""
+        self.received = np.bincount(node, weights=u, minlength=len(un))[others].astype(np.int64)
+        """R: the ids each aggregator holds before its dedup (its own included)."""
 
 
 def _row_access(t: PlanTable, w: int) -> int:
@@ -578,6 +654,14 @@ def ring_seconds(plan: Plan, sent: dict[str, np.ndarray]) -> float:
     return float(hops.max()) if len(hops) else 0.0
 
 
+def hierarchical_ub_clusters(plan: Plan) -> int:
+    """`hub` of the conversion: the plan's hierarchical ub clusters, 0 on one node (where
+    hierarchical ub is flat ub)."""
+    if plan.topology.nodes == 1:
+        return 0
+    return sum(1 for c in plan.clusters if c.kind == "ub" and c.communication == "hierarchical")
+
+
 def step_time_of(
     plan: Plan,
     hbm_bytes: float,
@@ -607,16 +691,17 @@ def step_time_of(
     a2a = sum(1 for c in plan.clusters if c.kind != "dp")
     hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
+    hub = hierarchical_ub_clusters(plan)
     dp = int(any(c.kind == "dp" for c in plan.clusters))
     call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if topo.nodes > 1 else 0.0)
-    results_latency = (2 * a2a + 2 * hier) * call if many else 0.0
+    results_latency = (2 * a2a + 2 * hier + 2 * hub) * call if many else 0.0
     return {
         "lookup": hbm_bytes / (topo.hbm_bandwidth * C.HBM_EFFICIENCY)
-        + (3 * (a2a + dp) + 2 * ub) * C.KERNEL_LAUNCH_SECONDS,
+        + (3 * (a2a + dp) + 2 * ub + 3 * hub) * C.KERNEL_LAUNCH_SECONDS,
         "distributor": max(
             0.0, link("distributor", "intra") + link("distributor", "inter") - window
         )
-        + (a2a * call if many else 0.0),
+        + ((a2a + hub) * call if many else 0.0),
         "nvlink": link("forward", "intra")
         + link("backward", "intra")
         + (results_latency if topo.nodes == 1 else 0.0),

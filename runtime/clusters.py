@@ -21,12 +21,15 @@ fp32 partial vectors back (flat: owner -> requester; hierarchical: owner -> the
 requester's rail peer on the owner's node, which sums the node's row shards and sends,
 across the network, one vector per (sample, feature) covering the union of the columns
 of the table's cells on its node); ub sends distinct keys and gets one vector per key
-back; dp sends nothing forward and exchanges gradients by the hierarchical all-reduce
-(dense) or the rail all-gather (sparse) of `embark_runtime.comm`. Two uncounted
-extras: the position of every id of a concat feature in its bag (rb, needed to place it
-when a bag is split over row shards), and, for dense dp exchange, a touched-row mask
-(4 bytes per row) so that exactly the rows present in the global batch are updated, as
-in the reference.
+back (flat: requester <-> owner; hierarchical: requesters on the owner's node are served
+flat, those of another node go through the aggregator, the rank of their node with the
+owner's local index, which sends the owner the sorted union of its node's ids, hands out
+the vectors over NVLink and sums the node's gradients per id); dp sends nothing forward
+and exchanges gradients by the hierarchical all-reduce (dense) or the rail all-gather
+(sparse) of `embark_runtime.comm`. Two uncounted extras: the position of every id of a
+concat feature in its bag (rb, needed to place it when a bag is split over row shards),
+and, for dense dp exchange, a touched-row mask (4 bytes per row) so that exactly the
+rows present in the global batch are updated, as in the reference.
 
 Value buffers (partial vectors, vectors per key, gradients) are in the kernels'
 accumulation dtype `kernels.accum`: fp32 as above, or fp64 in the exact mode
@@ -329,11 +332,21 @@ class ShardedCluster(Cluster):
             (t, j, f.name) for t, j in self.rowshards_on[self.comm.rank] for f in self.features[t]
         ]
 
-    def _exchange_counts(self, meta: list[list[int]], expect: int) -> list[list[int]]:
+    def _exchange_counts(
+        self, meta: list[list[int]], expect: int, scope: str = "world"
+    ) -> list[list[int]]:
+        """Bookkeeping (uncounted): send `meta[i]` to the i-th rank of `scope`, receive
+        `expect` ints from every rank of it."""
         chunks = [torch.tensor(m, dtype=I64, device=self.device) for m in meta]
-        got = self.comm.all_to_all(chunks, [expect] * self.comm.world)
+        got = self.comm.all_to_all(chunks, [expect] * len(chunks), scope=scope)
         assert isinstance(got, list)
         return [g.tolist() for g in got]
+
+    def remote_rail(self, q: int) -> list[int]:
+        """q's rail peers on the other nodes (same local index), in rank order."""
+        return [
+            r for r in self.comm.rail_ranks(self.comm.local_of(q)) if not self.comm.same_node(r, q)
+        ]
 
     def _a2a(self, chunks, counts, traffic, *, scope="world", async_op=False):
         return self.comm.all_to_all(
@@ -385,11 +398,6 @@ class RbCluster(ShardedCluster):
     def _remote_slice(self, remote, r: int, c: CellKey) -> Tensor:
         g = self.group_of(self.comm.node_of(self.comm.rank), c)
         return remote[(r, c.table, g)][:, c.lo - g[0] : c.hi - g[0]]
-
-    def remote_rail(self, q: int) -> list[int]:
-        return [
-            r for r in self.comm.rail_ranks(self.comm.local_of(q)) if not self.comm.same_node(r, q)
-        ]
 
     # ------------------------------------------------------------------ distribute
     def distribute(self, feats, bvec, traffic) -> KeyDist:
@@ -718,12 +726,43 @@ class RbCluster(ShardedCluster):
 # --------------------------------------------------------------------------- ub
 
 
+@dataclass
+class Aggregate:
+    """What an aggregator holds for one (remote owner, row shard) of a hierarchical ub
+    cluster: the sorted union of its node's distinct ids, and where every rank of the node
+    finds its own ids in it."""
+
+    union: Tensor
+    positions: dict[int, Tensor]
+    """positions[q]: the index in `union` of every id rank q asked for, in q's order"""
+
+
 class UbCluster(ShardedCluster):
     """Unique-based: distinct keys travel, owners return one vector per key, the requester
-    pools; backward sends one accumulated gradient per key."""
+    pools; backward sends one accumulated gradient per key.
+
+    Hierarchical (the cluster's `communication` is "hierarchical", several nodes): owners
+    serve their own node flat; for every other node the rank with the owner's local index
+    (the aggregator, one of `remote_rail(owner)`) gathers its node's ids over NVLink,
+    sends the owner their sorted union over the network, spreads the returned vectors in
+    its node and sums the node's gradients per id before sending them back.
+    """
 
     kind = "ub"
 
+    def __init__(self, plan, cluster, comm, kernels, seed, device):
+        super().__init__(plan, cluster, comm, kernels, seed, device)
+        self.hierarchical = cluster.communication == "hierarchical" and comm.nodes > 1
+
+    def _keys_for(self, splits, r: int) -> list[Tensor]:
+        """The distinct keys this rank asks owner r for, one segment per row shard of r."""
+        return [splits[t].keys_of_shard(j) for t, j in self.rowshards_on[r]]
+
+    def _wanted(self, splits, c: CellKey) -> int:
+        """How many distinct keys this rank asks for in cell c's row shard."""
+        return splits[c.table].index_of_shard[c.row_shard].numel()
+
+    # ------------------------------------------------------------------ distribute
     def distribute(self, feats, bvec, traffic) -> KeyDist:
         splits = {}
         for t in self.tables:
@@ -732,77 +771,94 @@ class UbCluster(ShardedCluster):
             splits[t.name] = unique_by_row_shard(
                 self.kernels, keys, t.rows, self.row_shards[t.name], self.partition
             )
-        meta, chunks = [], []
-        for o in range(self.comm.world):
-            ks = [splits[t].keys_of_shard(j) for t, j in self.rowshards_on[o]]
-            meta.append([k.numel() for k in ks])
-            chunks.append(_cat(ks, I64, self.device))
-        counts = self._exchange_counts(meta, len(self.rowshards_on[self.comm.rank]))
-        kd = KeyDist(counts, self._a2a(chunks, [sum(c) for c in counts], traffic, async_op=True))
+        if self.hierarchical:
+            kd = self._distribute_hierarchical(splits, traffic)
+        else:
+            meta, chunks = [], []
+            for o in range(self.comm.world):
+                ks = self._keys_for(splits, o)
+                meta.append([k.numel() for k in ks])
+                chunks.append(_cat(ks, I64, self.device))
+            counts = self._exchange_counts(meta, len(self.rowshards_on[self.comm.rank]))
+            kd = KeyDist(
+                counts, self._a2a(chunks, [sum(c) for c in counts], traffic, async_op=True)
+            )
         kd.local["splits"] = splits
         return kd
 
-    def forward(self, kd: KeyDist, feats, bvec, traffic, saved: dict) -> dict[str, Tensor]:
+    def _distribute_hierarchical(self, splits, traffic) -> KeyDist:
+        """Keys in two steps: to every rank q of the node (NVLink) the keys of q's own row
+        shards and of the remote owners q aggregates for; then (network, still in flight
+        on return) every aggregator's unions to their owners. `counts[i]` are the union
+        sizes per row shard received from the i-th rail peer; `local` keeps the keys of
+        the node's requesters ("direct") and this rank's aggregates ("agg")."""
         comm, me = self.comm, self.comm.rank
-        keys = kd.keys.wait()
-        segs = self.rowshards_on[me]
-        rows_of: dict[tuple[str, int], list[Tensor]] = {p: [] for p in segs}
-        for a in range(comm.world):
-            pos = 0
-            for (t, j), n in zip(segs, kd.counts[a], strict=True):
-                k = keys[a][pos : pos + n]
-                pos += n
-                rows_of[(t, j)].append(
-                    local_rows_of(
-                        k, self.table_by_name[t].rows, j, self.row_shards[t], self.partition
-                    )
-                )
-        rows = {p: _cat(v, I64, self.device) for p, v in rows_of.items()}
-        blocks = {p: [(0, 0)] * comm.world for p in segs}
-        for p in segs:
-            start = 0
-            for a in range(comm.world):
-                n = rows_of[p][a].numel()
-                blocks[p][a] = (start, start + n)
-                start += n
-        vals = {
-            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).to(
-                self.acc
-            )
-            for c in self.cells_on[me]
+        node, rail = comm.peers("node"), comm.peers("rail")
+        mine = [me, *self.remote_rail(me)]
+        meta, chunks = [], []
+        for q in node:
+            ks = [k for r in [q, *self.remote_rail(q)] for k in self._keys_for(splits, r)]
+            meta.append([k.numel() for k in ks])
+            chunks.append(_cat(ks, I64, self.device))
+        counts = self._exchange_counts(
+            meta, sum(len(self.rowshards_on[r]) for r in mine), scope="node"
+        )
+        got = self._a2a(chunks, [sum(c) for c in counts], traffic, scope="node")
+        direct: dict[tuple[str, int], dict[int, Tensor]] = {p: {} for p in self.rowshards_on[me]}
+        asked: dict[tuple[int, str, int], dict[int, Tensor]] = {
+            (r, t, j): {} for r in mine[1:] for t, j in self.rowshards_on[r]
         }
-        chunks = []
-        for a in range(comm.world):
-            parts = []
-            for c in self.cells_on[me]:
-                s, e = blocks[(c.table, c.row_shard)][a]
-                parts.append(vals[c][s:e])
-            chunks.append(_cat(parts, self.acc, self.device))
-        splits = kd.local["splits"]
-        counts = [
-            sum(
-                splits[c.table].index_of_shard[c.row_shard].numel() * c.width
-                for c in self.cells_on[o]
-            )
-            for o in range(comm.world)
+        for q, flat, cs in zip(node, got, counts, strict=True):
+            pos, seg = 0, 0
+            for r in mine:
+                for t, j in self.rowshards_on[r]:
+                    k = flat[pos : pos + cs[seg]]
+                    pos += cs[seg]
+                    seg += 1
+                    if r == me:
+                        direct[(t, j)][q] = k
+                    else:
+                        asked[(r, t, j)][q] = k
+        agg: dict[tuple[int, str, int], Aggregate] = {}
+        for key, by_q in asked.items():
+            union, inverse = self.kernels.dedup(_cat([by_q[q] for q in node], I64, self.device))
+            where = torch.split(inverse, [by_q[q].numel() for q in node])
+            agg[key] = Aggregate(union, dict(zip(node, where, strict=True)))
+        empty = [0] * len(self.rowshards_on[me])
+        meta = [
+            empty if o == me else [agg[(o, t, j)].union.numel() for t, j in self.rowshards_on[o]]
+            for o in rail
         ]
-        got = self._a2a(chunks, counts, traffic)
+        rail_counts = self._exchange_counts(meta, len(empty), scope="rail")
+        chunks = [
+            _cat(
+                [] if o == me else [agg[(o, t, j)].union for t, j in self.rowshards_on[o]],
+                I64,
+                self.device,
+            )
+            for o in rail
+        ]
+        kd = KeyDist(
+            rail_counts,
+            self._a2a(chunks, [sum(c) for c in rail_counts], traffic, scope="rail", async_op=True),
+        )
+        kd.local["direct"], kd.local["agg"] = direct, agg
+        return kd
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, kd: KeyDist, feats, bvec, traffic, saved: dict) -> dict[str, Tensor]:
+        splits = kd.local["splits"]
         table_rows = {
             t.name: torch.zeros(
                 splits[t.name].unique.numel(), t.dim, dtype=self.acc, device=self.device
             )
             for t in self.tables
         }
-        for o, flat in enumerate(got):
-            pos = 0
-            for c in self.cells_on[o]:
-                idx = splits[c.table].index_of_shard[c.row_shard]
-                n = idx.numel() * c.width
-                table_rows[c.table][idx, c.lo : c.hi] = flat[pos : pos + n].reshape(
-                    idx.numel(), c.width
-                )
-                pos += n
-        saved["rows"], saved["blocks"], saved["splits"] = rows, blocks, splits
+        if self.hierarchical:
+            self._forward_hierarchical(kd, splits, table_rows, traffic, saved)
+        else:
+            self._forward_flat(kd, splits, table_rows, traffic, saved)
+        saved["splits"] = splits
         out = {}
         for t in self.tables:
             inv = splits[t.name].inverse
@@ -817,8 +873,152 @@ class UbCluster(ShardedCluster):
                 out[f.name] = fi.finish(pooled, t.dim)
         return out
 
-    def backward(self, saved, feats, grads, bvec, traffic) -> None:
+    def _owner_rows(
+        self, keys_of: dict[tuple[str, int], list[tuple[int, Tensor]]]
+    ) -> tuple[dict[tuple[str, int], Tensor], dict[tuple[str, int], dict[int, tuple[int, int]]]]:
+        """An owner's (local rows, {source: [start, end)}) per row shard from the keys it
+        received, source by source in the order given."""
+        rows: dict[tuple[str, int], Tensor] = {}
+        blocks: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
+        for (t, j), parts in keys_of.items():
+            local = [
+                local_rows_of(k, self.table_by_name[t].rows, j, self.row_shards[t], self.partition)
+                for _, k in parts
+            ]
+            rows[(t, j)] = _cat(local, I64, self.device)
+            blocks[(t, j)] = {}
+            start = 0
+            for (a, _), r in zip(parts, local, strict=True):
+                blocks[(t, j)][a] = (start, start + r.numel())
+                start += r.numel()
+        return rows, blocks
+
+    def _lookup(self, rows) -> dict[CellKey, Tensor]:
+        return {
+            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).to(
+                self.acc
+            )
+            for c in self.cells_on[self.comm.rank]
+        }
+
+    def _forward_flat(self, kd: KeyDist, splits, table_rows, traffic, saved: dict) -> None:
         comm, me = self.comm, self.comm.rank
+        keys = kd.keys.wait()
+        keys_of: dict[tuple[str, int], list[tuple[int, Tensor]]] = {
+            p: [] for p in self.rowshards_on[me]
+        }
+        for a in range(comm.world):
+            pos = 0
+            for p, n in zip(self.rowshards_on[me], kd.counts[a], strict=True):
+                keys_of[p].append((a, keys[a][pos : pos + n]))
+                pos += n
+        rows, blocks = self._owner_rows(keys_of)
+        vals = self._lookup(rows)
+        chunks = []
+        for a in range(comm.world):
+            parts = []
+            for c in self.cells_on[me]:
+                s, e = blocks[(c.table, c.row_shard)][a]
+                parts.append(vals[c][s:e])
+            chunks.append(_cat(parts, self.acc, self.device))
+        counts = [
+            sum(self._wanted(splits, c) * c.width for c in self.cells_on[o])
+            for o in range(comm.world)
+        ]
+        got = self._a2a(chunks, counts, traffic)
+        for o, flat in enumerate(got):
+            self._place(table_rows, splits, flat, [o])
+        saved["rows"], saved["blocks"] = rows, blocks
+
+    def _place(self, table_rows, splits, flat: Tensor, owners: list[int]) -> None:
+        """Write the vectors of `flat` (owner by owner, cell by cell) into the requester's
+        rows of its distinct keys."""
+        pos = 0
+        for o in owners:
+            for c in self.cells_on[o]:
+                idx = splits[c.table].index_of_shard[c.row_shard]
+                n = idx.numel() * c.width
+                table_rows[c.table][idx, c.lo : c.hi] = flat[pos : pos + n].reshape(
+                    idx.numel(), c.width
+                )
+                pos += n
+
+    def _forward_hierarchical(self, kd: KeyDist, splits, table_rows, traffic, saved) -> None:
+        comm, me = self.comm, self.comm.rank
+        node, rail = comm.peers("node"), comm.peers("rail")
+        remote = self.remote_rail(me)
+        direct, agg = kd.local["direct"], kd.local["agg"]
+        unions = dict(zip(rail, kd.keys.wait(), strict=True))
+        union_counts = dict(zip(rail, kd.counts, strict=True))
+        # the owner's requests: its node's ranks, then the aggregators of the other nodes
+        keys_of: dict[tuple[str, int], list[tuple[int, Tensor]]] = {
+            p: [(q, direct[p][q]) for q in node] for p in self.rowshards_on[me]
+        }
+        for p in remote:
+            pos = 0
+            for seg, n in zip(self.rowshards_on[me], union_counts[p], strict=True):
+                keys_of[seg].append((p, unions[p][pos : pos + n]))
+                pos += n
+        rows, blocks = self._owner_rows(keys_of)
+        vals = self._lookup(rows)
+
+        def block(c: CellKey, a: int) -> Tensor:
+            s, e = blocks[(c.table, c.row_shard)][a]
+            return vals[c][s:e]
+
+        # step 2a (network): one vector per union id, owner -> aggregator
+        chunks = [
+            _cat([] if p == me else [block(c, p) for c in self.cells_on[me]], self.acc, self.device)
+            for p in rail
+        ]
+        counts = [
+            0
+            if o == me
+            else sum(
+                agg[(o, c.table, c.row_shard)].union.numel() * c.width for c in self.cells_on[o]
+            )
+            for o in rail
+        ]
+        got = self._a2a(chunks, counts, traffic, scope="rail")
+        union_vals: dict[tuple[int, CellKey], Tensor] = {}
+        for o, flat in zip(rail, got, strict=True):
+            if o == me:
+                continue
+            pos = 0
+            for c in self.cells_on[o]:
+                u = agg[(o, c.table, c.row_shard)].union.numel()
+                union_vals[(o, c)] = flat[pos : pos + u * c.width].reshape(u, c.width)
+                pos += u * c.width
+        # step 2b (NVLink): to every rank of the node, the vectors it asked this rank for,
+        # as owner and as aggregator of the remote owners
+        chunks = [
+            _cat(
+                [block(c, a) for c in self.cells_on[me]]
+                + [
+                    union_vals[(o, c)][agg[(o, c.table, c.row_shard)].positions[a]]
+                    for o in remote
+                    for c in self.cells_on[o]
+                ],
+                self.acc,
+                self.device,
+            )
+            for a in node
+        ]
+        counts = [
+            sum(
+                self._wanted(splits, c) * c.width
+                for r in [q, *self.remote_rail(q)]
+                for c in self.cells_on[r]
+            )
+            for q in node
+        ]
+        got = self._a2a(chunks, counts, traffic, scope="node")
+        for q, flat in zip(node, got, strict=True):
+            self._place(table_rows, splits, flat, [q, *self.remote_rail(q)])
+        saved["rows"], saved["blocks"], saved["agg"] = rows, blocks, agg
+
+    # ------------------------------------------------------------------ backward
+    def backward(self, saved, feats, grads, bvec, traffic) -> None:
         splits = saved["splits"]
         key_grads = {}
         for t in self.tables:
@@ -839,24 +1039,42 @@ class UbCluster(ShardedCluster):
             full = torch.zeros(u, t.dim, dtype=self.acc, device=self.device)
             full[idx] = g
             key_grads[t.name] = full
-        chunks = [
-            _cat(
+
+        def grads_for(owners: list[int]) -> Tensor:
+            return _cat(
                 [
                     key_grads[c.table][splits[c.table].index_of_shard[c.row_shard], c.lo : c.hi]
+                    for o in owners
                     for c in self.cells_on[o]
                 ],
                 self.acc,
                 self.device,
             )
-            for o in range(comm.world)
-        ]
-        blocks = saved["blocks"]
-        counts = [
-            sum(
-                (blocks[(c.table, c.row_shard)][a][1] - blocks[(c.table, c.row_shard)][a][0])
-                * c.width
-                for c in self.cells_on[me]
+
+        if self.hierarchical:
+            per_cell = self._backward_hierarchical(saved, grads_for, traffic)
+        else:
+            per_cell = self._backward_flat(saved, grads_for, traffic)
+        for c, received in per_cell.items():
+            rows = saved["rows"][(c.table, c.row_shard)]
+            g = (
+                torch.cat(received)
+                if received
+                else torch.zeros(0, c.width, dtype=self.acc, device=self.device)
             )
+            self.update_cell(c, rows, g)
+
+    def _sizes(self, blocks, c: CellKey, a: int) -> int:
+        s, e = blocks[(c.table, c.row_shard)][a]
+        return e - s
+
+    def _backward_flat(self, saved, grads_for, traffic) -> dict[CellKey, list[Tensor]]:
+        """The owner's received gradients per cell, in the order of its rows."""
+        comm, me = self.comm, self.comm.rank
+        blocks = saved["blocks"]
+        chunks = [grads_for([o]) for o in range(comm.world)]
+        counts = [
+            sum(self._sizes(blocks, c, a) * c.width for c in self.cells_on[me])
             for a in range(comm.world)
         ]
         got = self._a2a(chunks, counts, traffic)
@@ -864,18 +1082,83 @@ class UbCluster(ShardedCluster):
         for a, flat in enumerate(got):
             pos = 0
             for c in self.cells_on[me]:
-                s, e = blocks[(c.table, c.row_shard)][a]
-                n = (e - s) * c.width
-                per_cell[c].append(flat[pos : pos + n].reshape(e - s, c.width))
-                pos += n
-        for c in self.cells_on[me]:
-            rows = saved["rows"][(c.table, c.row_shard)]
-            g = (
-                torch.cat(per_cell[c])
-                if per_cell[c]
-                else torch.zeros(0, c.width, dtype=self.acc, device=self.device)
+                n = self._sizes(blocks, c, a)
+                per_cell[c].append(flat[pos : pos + n * c.width].reshape(n, c.width))
+                pos += n * c.width
+        return per_cell
+
+    def _backward_hierarchical(self, saved, grads_for, traffic) -> dict[CellKey, list[Tensor]]:
+        comm, me = self.comm, self.comm.rank
+        node, rail = comm.peers("node"), comm.peers("rail")
+        remote = self.remote_rail(me)
+        mine = [me, *remote]
+        blocks, agg = saved["blocks"], saved["agg"]
+
+        def asked(a: int, r: int, c: CellKey) -> int:
+            """Gradients rank a of the node sends this rank for cell c of owner r."""
+            if r == me:
+                return self._sizes(blocks, c, a)
+            return agg[(r, c.table, c.row_shard)].positions[a].numel()
+
+        # step 3a (NVLink): one gradient per distinct id to the owner (own node) or to the
+        # aggregator; the aggregator sums its node's per union id, its own included
+        got = self._a2a(
+            [grads_for([q, *self.remote_rail(q)]) for q in node],
+            [sum(asked(a, r, c) * c.width for r in mine for c in self.cells_on[r]) for a in node],
+            traffic,
+            scope="node",
+        )
+        received: dict[CellKey, dict[int, Tensor]] = {c: {} for c in self.cells_on[me]}
+        summed = {
+            (o, c): torch.zeros(
+                agg[(o, c.table, c.row_shard)].union.numel(),
+                c.width,
+                dtype=self.acc,
+                device=self.device,
             )
-            self.update_cell(c, rows, g)
+            for o in remote
+            for c in self.cells_on[o]
+        }
+        for a, flat in zip(node, got, strict=True):
+            pos = 0
+            for r in mine:
+                for c in self.cells_on[r]:
+                    n = asked(a, r, c)
+                    g = flat[pos : pos + n * c.width].reshape(n, c.width)
+                    pos += n * c.width
+                    if r == me:
+                        received[c][a] = g
+                    else:
+                        where = agg[(r, c.table, c.row_shard)].positions[a]
+                        self.kernels.scatter_add_rows(summed[(r, c)], where, g)
+        # step 3b (network): one gradient per union id, aggregator -> owner
+        got = self._a2a(
+            [
+                _cat(
+                    [] if o == me else [summed[(o, c)] for c in self.cells_on[o]],
+                    self.acc,
+                    self.device,
+                )
+                for o in rail
+            ],
+            [
+                0
+                if p == me
+                else sum(self._sizes(blocks, c, p) * c.width for c in self.cells_on[me])
+                for p in rail
+            ],
+            traffic,
+            scope="rail",
+        )
+        for p, flat in zip(rail, got, strict=True):
+            if p == me:
+                continue
+            pos = 0
+            for c in self.cells_on[me]:
+                n = self._sizes(blocks, c, p)
+                received[c][p] = flat[pos : pos + n * c.width].reshape(n, c.width)
+                pos += n * c.width
+        return {c: [received[c][a] for a in [*node, *remote]] for c in self.cells_on[me]}
 
 
 CLUSTER_KINDS = {"dp": DpCluster, "rb": RbCluster, "ub": UbCluster}

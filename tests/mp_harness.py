@@ -129,14 +129,22 @@ def make_plan(
     partition: str = "mod",
     placement_seed: int = 0,
 ) -> PlanModel:
-    """A valid plan: one cluster per (kind, communication/exchange) group of tables, cells
-    placed on ranks by a seeded shuffle (so owners differ between tables and cells)."""
+    """A valid plan: one cluster per (kind, communication/exchange) group of tables (a
+    flat ub cluster has no `communication`, a hierarchical one says so), cells placed on
+    ranks by a seeded shuffle (so owners differ between tables and cells)."""
     world = nodes * gpus_per_node
     rng = np.random.default_rng(placement_seed)
     shards = []
     groups: dict[tuple[str, str], list[str]] = {}
     for t in tables:
-        key = (t.kind, t.communication if t.kind == "rb" else t.exchange if t.kind == "dp" else "")
+        if t.kind == "dp":
+            extra = t.exchange
+        elif t.kind == "ub":
+            # flat ub clusters keep communication None (the plans of before hierarchical ub)
+            extra = "hierarchical" if t.communication == "hierarchical" else ""
+        else:
+            extra = t.communication
+        key = (t.kind, extra)
         groups.setdefault(key, []).append(t.name)
         if t.kind == "dp":
             continue
@@ -158,7 +166,7 @@ def make_plan(
     clusters = []
     for n, ((kind, extra), names) in enumerate(sorted(groups.items())):
         kw: dict = {}
-        if kind == "rb":
+        if kind == "rb" or (kind == "ub" and extra):
             kw["communication"] = extra
         if kind == "dp":
             kw["gradient_exchange"] = extra

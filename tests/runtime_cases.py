@@ -55,10 +55,14 @@ class Case:
 
 def uneven_cases() -> list[Case]:
     """Row shards of one table cut into different column ranges, several cells of a table
-    on one rank, on 2 nodes of 2: the hierarchical sums must group exact column ranges."""
+    on one rank, on 2 nodes of 2: the hierarchical sums must group exact column ranges.
+    Hierarchical ub table `v`: two cells of row shard 0 on one owner (one set of keys),
+    row shard 1's column cells on the two nodes at the same local index (each owner
+    aggregates for the other), row shard 2's on one node at both local indexes."""
     tables = [
         TableSpec("h", 31, 6, "rb", (2, 2), "adagrad", "hierarchical"),
         TableSpec("u", 23, 5, "ub", (2, 2), "adam"),
+        TableSpec("v", 29, 5, "ub", (3, 2), "sgd", "hierarchical", weight_decay=0.01),
     ]
     shards = [
         ("h", 0, 2, 0, 2, 0),
@@ -69,8 +73,14 @@ def uneven_cases() -> list[Case]:
         ("u", 0, 2, 1, 5, 2),
         ("u", 1, 2, 0, 4, 0),
         ("u", 1, 2, 4, 5, 3),
+        ("v", 0, 3, 0, 2, 1),
+        ("v", 0, 3, 2, 5, 1),
+        ("v", 1, 3, 0, 3, 0),
+        ("v", 1, 3, 3, 5, 2),
+        ("v", 2, 3, 0, 1, 3),
+        ("v", 2, 3, 1, 5, 2),
     ]
-    feats = three_features("h") + three_features("u")
+    feats = three_features("h") + three_features("u") + three_features("v")
     return [
         Case("uneven-mod", 4, 2, tables, feats, shards=shards),
         Case("uneven-range", 4, 2, tables, feats, partition="range", seed=5, shards=shards),
@@ -86,7 +96,7 @@ def three_features(table: str) -> list[FeatureSpec]:
 
 
 def grid_cases() -> list[Case]:
-    """Every cluster kind (rb flat, rb hierarchical, ub, dp dense, dp sparse) x pooling
+    """Every cluster kind (rb and ub, flat and hierarchical; dp dense and sparse) x pooling
     (sum, weighted mean, concat: three features per table) x grid (R in 1, 2, 4; C in 1, 2)
     x optimizer, on 4 processes (2 nodes of 2) and on 2 processes (2 nodes of 1)."""
     cases = []
@@ -97,11 +107,12 @@ def grid_cases() -> list[Case]:
                 for c in (1, 2):
                     if opt == "rowwise_adagrad" and c == 2:
                         continue
-                    dims = (6, 5, 4, 3, 4)
+                    dims = (6, 5, 4, 3, 4, 5)
                     tables = [
                         TableSpec("rf", 37, dims[0], "rb", (r, c), opt, "flat"),
                         TableSpec("rh", 29, dims[1], "rb", (r, c), opt, "hierarchical"),
                         TableSpec("u", 41, dims[2], "ub", (r, c), opt),
+                        TableSpec("uh", 43, dims[5], "ub", (r, c), opt, "hierarchical"),
                         TableSpec("dd", 13, dims[3], "dp", optimizer=opt, exchange="dense"),
                         TableSpec("ds", 17, dims[4], "dp", optimizer=opt, exchange="sparse"),
                     ]
@@ -134,7 +145,8 @@ def overlap_cases() -> list[Case]:
 
 def random_cases(count: int, seed: int) -> list[Case]:
     """Random small specs: random tables, kinds, grids, owners, features, poolings,
-    optimizers, weight decay, partitions, world 2 or 4 and node sizes."""
+    optimizers, weight decay, partitions, world 2 or 4 and node sizes; rb and ub tables
+    are flat or hierarchical."""
     rng = np.random.default_rng(seed)
     cases = []
     for i in range(count):
@@ -432,6 +444,10 @@ def doc_bytes(plan, gb, world: int) -> list[dict[str, dict[str, int]]]:
                 continue
             cells = plan.shards_of(tname)
             r_shards = cells[0].row_shards
+            if c.kind == "ub" and c.communication == "hierarchical" and len(set(node)) > 1:
+                for src, dst, n in hierarchical_ub_messages(plan, gb, tname, world, g):
+                    add(src, dst, c.name, n)
+                continue
             for a in range(world):
                 per_f = [(f, slice_ids(gb[f.name], a * b, (a + 1) * b)) for f in feats]
                 for j in range(r_shards):
@@ -482,6 +498,53 @@ def doc_bytes(plan, gb, world: int) -> list[dict[str, dict[str, int]]]:
                         covered = {k for s in cells if node[s.rank] == n for k in range(*s.columns)}
                         add(p, a, c.name, b * f_units * 4 * len(covered))
                         add(a, p, c.name, b * f_units * 4 * len(covered))
+    return out
+
+
+def hierarchical_ub_messages(plan, gb, table: str, world: int, g: int):
+    """(src, dst, bytes) of docs/communication.md's hierarchical ub for one table: keys,
+    forward vectors and backward gradients, read literally from the doc."""
+    t = plan.table(table)
+    b = plan.batch_size // world
+    feats = [f for f in plan.features if f.table == table]
+    cells = plan.shards_of(table)
+    r_shards = cells[0].row_shards
+
+    def distinct(ranks: list[int], j: int) -> int:
+        """U: the distinct ids of row shard j over the local samples of `ranks`."""
+        ids = np.concatenate(
+            [slice_ids(gb[f.name], a * b, (a + 1) * b) for a in ranks for f in feats]
+        )
+        ids = ids[row_shard_of(ids, t.rows, r_shards, plan.row_partition) == j]
+        return len(np.unique(ids))
+
+    out = []
+    for j in range(r_shards):
+        for o in sorted({s.rank for s in cells if s.row_shard == j}):
+            m, local = divmod(o, g)
+            widths = [s.width for s in cells if s.row_shard == j and s.rank == o]
+            for n in range(world // g):
+                members = list(range(n * g, (n + 1) * g))
+                if n == m:  # o's own node: flat ub
+                    for a in members:
+                        u = distinct([a], j)
+                        out.append((a, o, 8 * u))
+                        for w in widths:
+                            out.append((o, a, 4 * w * u))
+                            out.append((a, o, 4 * w * u))
+                    continue
+                p = n * g + local  # the aggregator
+                union = distinct(members, j)
+                out.append((p, o, 8 * union))  # 1. keys, network
+                for w in widths:
+                    out.append((o, p, 4 * w * union))  # 2. forward, network
+                    out.append((p, o, 4 * w * union))  # 3. backward, network
+                for a in members:
+                    u = distinct([a], j)
+                    out.append((a, p, 8 * u))  # 1. keys, NVLink
+                    for w in widths:
+                        out.append((p, a, 4 * w * u))  # 2. forward, NVLink
+                        out.append((a, p, 4 * w * u))  # 3. backward, NVLink
     return out
 
 

@@ -98,6 +98,54 @@ def test_rb_single_cell_two_ranks_by_hand():
     assert st.step_time() == pytest.approx(float(st.times().max()))
 
 
+def test_hierarchical_ub_on_two_nodes_by_hand():
+    """One ub cell on rank 0 of 2 nodes x 2 GPUs with its ids deduplicated per node: rank 1
+    talks to the owner over NVLink; on node 1, rank 3 talks to its aggregator rank 2 (the
+    owner's rail peer) over NVLink, and rank 2 sends the owner the node's union of ids over
+    the network and gets one vector per id back (docs/communication.md)."""
+    prog = _program(nodes=2, gpus=2, batch=8)
+    cm = CostModel(prog)
+    st = cm.layout_state({"t0": Placement("ub", 1, (16,), (0,), communication="hierarchical")})
+    comp = st.components()
+    rows, b, H, w, G = 1000, 2, 2, 16, 2
+
+    def u(n: float) -> float:
+        return rows * (1 - (1 - 1 / rows) ** n)
+
+    ul, un, ug = u(b * H), u(G * b * H), u(8 * H)  # a rank's, a node's, the batch's
+    vec, key = 4 * w, K.KEY_BYTES
+    bwi, bwn = 1e11 * K.NVLINK_EFFICIENCY, 1e10 * K.NETWORK_EFFICIENCY
+    call = K.COLLECTIVE_LATENCY_SECONDS + K.INTER_NODE_LATENCY_SECONDS
+    x, X, d, D = ul * vec, un * vec, ul * key, un * key
+    # one all-to-all per phase plus the aggregators' second one (keys and both results)
+    assert comp["distributor"][0] == pytest.approx(d / bwi + D / bwn + 2 * call)
+    assert comp["distributor"][2] == pytest.approx(d / bwi + D / bwn + 2 * call)
+    assert comp["distributor"][3] == pytest.approx(d / bwi + 2 * call)
+    for r in (0, 2, 3):  # the owner and the aggregator send x, rank 3 receives x
+        assert comp["nvlink"][r] == pytest.approx(2 * x / bwi)
+    assert comp["network"][0] == pytest.approx(2 * X / bwn + 4 * call)
+    assert comp["network"][2] == pytest.approx(2 * X / bwn + 4 * call)
+    assert comp["network"][3] == pytest.approx(4 * call)
+    served = G * ul + un  # its own node's requests and node 1's union
+    touched = 2 * w * 4
+    own = served * (key + vec + vec) + served * (vec + key) + ug * touched + served * 2 * key
+    req = b * H * (4 * key + 2 * vec) + ul * vec * 2 + 2 * b * vec
+    agg = G * ul * (4 * key + 4 * vec)
+    launches = (3 + 2 + 3) * K.KERNEL_LAUNCH_SECONDS
+    bw = 1e12 * K.HBM_EFFICIENCY
+    assert comp["lookup"][0] == pytest.approx((own + req) / bw + launches, rel=1e-9)
+    assert comp["lookup"][2] == pytest.approx((agg + req) / bw + launches, rel=1e-9)
+    assert comp["lookup"][3] == pytest.approx(req / bw + launches, rel=1e-9)
+    # fewer bytes cross the network than with flat ub (two requesters' ids there)
+    flat = cm.layout_state({"t0": Placement("ub", 1, (16,), (0,))}).components()
+    assert comp["network"][0] - 4 * call < flat["network"][0] - 2 * call
+    # on one node hierarchical ub is flat ub
+    one = CostModel(_program(nodes=1, gpus=4, batch=8))
+    h = one.layout_state({"t0": Placement("ub", 1, (16,), (0,), communication="hierarchical")})
+    f = one.layout_state({"t0": Placement("ub", 1, (16,), (0,))})
+    np.testing.assert_array_equal(h.times(), f.times())
+
+
 def test_inter_node_bytes_go_to_network():
     prog = _program(nodes=2, gpus=1)
     cm = CostModel(prog)

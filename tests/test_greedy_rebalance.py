@@ -120,7 +120,7 @@ def test_moving_one_cell_sums_what_removing_and_adding_the_table_sums(nodes: int
     """`RankState.move_cell` against the table removed and added again with the moved
     rank, for every kind of table of the tiny spec on a cluster of `nodes` x 8: grids of
     one cell, several row shards and column cuts, two cells on one rank, flat and
-    hierarchical (within the node and across nodes)."""
+    hierarchical rb (within the node and across nodes), flat and hierarchical ub."""
     from dataclasses import fields
 
     import numpy as np
@@ -139,6 +139,8 @@ def test_moving_one_cell_sums_what_removing_and_adding_the_table_sums(nodes: int
             ("rb", 2, 2, "flat"),
             ("rb", 3, 1, "hierarchical"),
             ("ub", 2, 2, "flat"),
+            ("ub", 1, 1, "hierarchical"),
+            ("ub", 2, 2, "hierarchical"),
         ]:
             if c > 1 and tf.dim % 8:
                 continue
@@ -162,6 +164,12 @@ def test_moving_one_cell_sums_what_removing_and_adding_the_table_sums(nodes: int
                         x, y = getattr(a, f.name), getattr(b, f.name)
                         if isinstance(x, np.ndarray):
                             np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-6)
+                    for arr in ("hub_own", "hub_rail"):
+                        np.testing.assert_allclose(
+                            getattr(a, arr), getattr(b, arr), rtol=1e-9, atol=1e-6
+                        )
+                    assert a.hub_x_tot == pytest.approx(b.hub_x_tot, rel=1e-9, abs=1e-6)
+                    assert a.hub_d_tot == pytest.approx(b.hub_d_tot, rel=1e-9, abs=1e-6)
                     assert a.dist_tot == pytest.approx(b.dist_tot, rel=1e-9)
                     assert a.res_recv_inter_tot == pytest.approx(b.res_recv_inter_tot, rel=1e-9)
                     np.testing.assert_allclose(a.times(), b.times(), rtol=1e-9)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_simulate import make_plan
+from test_simulate import make_hub_plan, make_plan
 
 from embarkc.planner import constants as C
 from embarkc.simulate import RankCounts, dense_shape, key_window, simulate
@@ -36,8 +36,9 @@ def _with_window(plan, seconds: float):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("window", [0.0, 2e-6])
 def test_the_embarkc_judge_is_the_simulators_step_time(bench, window: float) -> None:
-    for nodes, gpus in ((2, 2), (1, 4)):
-        plan = make_plan(nodes=nodes, gpus=gpus)
+    plans = [make_plan(nodes=n, gpus=g) for n, g in ((2, 2), (1, 4))]
+    plans += [make_hub_plan("hierarchical", n, g) for n, g in ((2, 2), (1, 4))]
+    for plan in plans:
         if window:
             plan = _with_window(plan, window)
         res = simulate(plan, batches=2, seed=3)
@@ -119,6 +120,18 @@ def test_judges_convert_hand_made_counts(bench) -> None:
     # chain without the key phase
     assert bench.rank_seconds(wplan, rc, ring, J("k", keys_hidden=True)) == pytest.approx(
         chain + fixed - 3 * call
+    )
+    # a hierarchical ub cluster: one more key call, two more result calls, three launches
+    # (and nothing more on one node, where it is flat ub)
+    hub = make_hub_plan("hierarchical")
+    more = 3 * C.KERNEL_LAUNCH_SECONDS + (1 + 2) * call
+    assert bench.rank_seconds(hub, rc, ring, J("embarkc")) == pytest.approx(serial + more)
+    assert bench.rank_seconds(hub, rc, ring, J("k", keys_hidden=True)) == pytest.approx(
+        max(chain, (4 + 3 + 3) * 1e-4 + ring[1]) + fixed + more - 4 * call
+    )
+    one, one_flat = make_hub_plan("hierarchical", 1, 4), make_hub_plan("flat", 1, 4)
+    assert bench.rank_seconds(one, rc, ring, J("embarkc")) == bench.rank_seconds(
+        one_flat, rc, ring, J("embarkc")
     )
     busy = RankCounts(
         rank=0,

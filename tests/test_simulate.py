@@ -105,16 +105,40 @@ def make_plan(partition: str = "mod", nodes: int = 2, gpus: int = 2, batch: int 
     )
 
 
-def brute_force(plan: Plan, batches) -> dict[str, dict[str, int]]:
-    """docs/communication.md, read literally, with explicit loops over samples."""
+def make_hub_plan(
+    communication: str = "hierarchical", nodes: int = 2, gpus: int = 2, partition: str = "mod"
+) -> Plan:
+    """`make_plan` with ub cluster `ub0` of the given communication and table c cut so
+    that hierarchical ub is exercised: row shard 0's columns on owners of local index 1
+    (node 0) and 0 (node 1), row shard 1's two column cells on one owner (shared keys),
+    row shard 2 on rank 0."""
+    d = make_plan(partition, nodes=nodes, gpus=gpus, batch=4 * nodes * gpus).model_dump()
+    d["shards"] = [s for s in d["shards"] if s["table"] != "c"] + [
+        dict(table="c", row_shard=0, row_shards=3, columns=(0, 2), rank=1),
+        dict(table="c", row_shard=0, row_shards=3, columns=(2, 4), rank=2),
+        dict(table="c", row_shard=1, row_shards=3, columns=(0, 1), rank=3),
+        dict(table="c", row_shard=1, row_shards=3, columns=(1, 4), rank=3),
+        dict(table="c", row_shard=2, row_shards=3, columns=(0, 4), rank=0),
+    ]
+    for c in d["clusters"]:
+        if c["name"] == "ub0":
+            c["communication"] = communication
+    return Plan.model_validate(d)
+
+
+def brute_force(plan: Plan, batches, log: list | None = None) -> dict[str, dict[str, int]]:
+    """docs/communication.md, read literally, with explicit loops over samples. `log`, when
+    given, receives every rb and ub message as (cluster, phase, src, dst, bytes)."""
     g = plan.topology.gpus_per_node
     world = plan.world_size
     b = plan.batch_size // world
     out = {c.name: {"intra": 0, "inter": 0} for c in plan.clusters}
 
-    def send(cluster: str, src: int, dst: int, nbytes: int) -> None:
+    def send(cluster: str, src: int, dst: int, nbytes: int, phase: str = "") -> None:
         if src != dst and nbytes:
             out[cluster]["intra" if src // g == dst // g else "inter"] += nbytes
+            if log is not None:
+                log.append((cluster, phase, src, dst, nbytes))
 
     def ids_of(a: int, feature: str) -> list[int]:
         bag = batches[a].sparse[feature]
@@ -160,6 +184,34 @@ def brute_force(plan: Plan, batches) -> dict[str, dict[str, int]]:
             def shard(k: int) -> int:
                 return k % r if plan.row_partition == "mod" else k // block  # noqa: B023
 
+            def wants(a: int, j: int) -> set[int]:
+                return {k for f in feats for k in ids_of(a, f.name) if shard(k) == j}  # noqa: B023
+
+            if c.kind == "ub" and c.communication == "hierarchical" and world > g:
+                for j in range(r):
+                    for o in sorted({s.rank for s in cells if s.row_shard == j}):
+                        widths = [s.width for s in cells if s.row_shard == j and s.rank == o]
+
+                        def serve(
+                            a: int, o: int, ids: set, widths: list[int] = widths, name=c.name
+                        ) -> None:
+                            """a asks o for `ids`: keys, then one vector (and gradient) each."""
+                            send(name, a, o, 8 * len(ids), "distributor")
+                            for w in widths:
+                                send(name, o, a, len(ids) * 4 * w, "forward")
+                                send(name, a, o, len(ids) * 4 * w, "backward")
+
+                        for n in range(world // g):
+                            node = range(n * g, (n + 1) * g)
+                            if n == o // g:  # served as in flat ub
+                                for a in node:
+                                    serve(a, o, wants(a, j))
+                                continue
+                            p = n * g + o % g  # the aggregator: o's rail peer on node n
+                            serve(p, o, set().union(*(wants(a, j) for a in node)))
+                            for a in node:
+                                serve(a, p, wants(a, j))
+                continue
             f_t = sum(int(f.hotness) if f.pooling == "concat" else 1 for f in feats)
             for a in range(world):
                 for j in range(r):
@@ -172,22 +224,22 @@ def brute_force(plan: Plan, batches) -> dict[str, dict[str, int]]:
                     else:
                         nbytes = 8 * len(set(ids_j))
                     for o in sorted({s.rank for s in cells if s.row_shard == j}):
-                        send(c.name, a, o, nbytes)
+                        send(c.name, a, o, nbytes, "distributor")
                 for s in cells:
                     o, w = s.rank, s.width
                     if c.kind == "ub":
                         u = len(
                             {k for f in feats for k in ids_of(a, f.name) if shard(k) == s.row_shard}
                         )
-                        send(c.name, o, a, u * 4 * w)
-                        send(c.name, a, o, u * 4 * w)
+                        send(c.name, o, a, u * 4 * w, "forward")
+                        send(c.name, a, o, u * 4 * w, "backward")
                     elif c.communication == "flat" or a // g == o // g:
-                        send(c.name, o, a, b * f_t * 4 * w)
-                        send(c.name, a, o, b * f_t * 4 * w)
+                        send(c.name, o, a, b * f_t * 4 * w, "forward")
+                        send(c.name, a, o, b * f_t * 4 * w, "backward")
                     else:
                         p = (o // g) * g + a % g
-                        send(c.name, o, p, b * f_t * 4 * w)
-                        send(c.name, p, o, b * f_t * 4 * w)
+                        send(c.name, o, p, b * f_t * 4 * w, "forward")
+                        send(c.name, p, o, b * f_t * 4 * w, "backward")
                 if c.kind == "rb" and c.communication == "hierarchical":
                     for n in sorted({s.rank // g for s in cells}):
                         if a // g == n:
@@ -197,8 +249,8 @@ def brute_force(plan: Plan, batches) -> dict[str, dict[str, int]]:
                             if s.rank // g == n:
                                 cols |= set(range(*s.columns))
                         p = n * g + a % g
-                        send(c.name, p, a, b * f_t * 4 * len(cols))
-                        send(c.name, a, p, b * f_t * 4 * len(cols))
+                        send(c.name, p, a, b * f_t * 4 * len(cols), "forward")
+                        send(c.name, a, p, b * f_t * 4 * len(cols), "backward")
     return out
 
 
@@ -212,6 +264,121 @@ def test_count_bytes_equals_brute_force_counting(partition: str, seed: int) -> N
         got = count_bytes(plan, batches)
         assert got == brute_force(plan, batches)
         assert all(v["inter"] > 0 for v in got.values())
+
+
+@pytest.mark.parametrize("partition", ["mod", "range"])
+@pytest.mark.parametrize(("nodes", "gpus"), [(2, 2), (3, 2), (2, 3)])
+def test_hierarchical_ub_bytes_equal_brute_force_counting(partition, nodes, gpus) -> None:
+    plan = make_hub_plan("hierarchical", nodes, gpus, partition)
+    flat = make_hub_plan("flat", nodes, gpus, partition)
+    data = SyntheticData(plan, seed=4)
+    for step in range(2):
+        batches = [data.batch(step, a, plan.world_size) for a in range(plan.world_size)]
+        got = count_bytes(plan, batches)
+        assert got == brute_force(plan, batches)
+        flat_got = count_bytes(flat, batches)
+        assert {k: v for k, v in got.items() if k != "ub0"} == {
+            k: v for k, v in flat_got.items() if k != "ub0"
+        }
+        # the node's union crosses the network instead of every rank's ids
+        assert 0 < got["ub0"]["inter"] < flat_got["ub0"]["inter"]
+
+
+def _per_rank(plan: Plan, log: list, cluster: str) -> dict:
+    """(phase, link, "sent" | "received") -> bytes per rank, of `cluster`'s messages."""
+    g = plan.topology.gpus_per_node
+    out: dict = {}
+    for name, phase, src, dst, nbytes in log:
+        if name != cluster:
+            continue
+        link = "intra" if src // g == dst // g else "inter"
+        for way, rank in (("sent", src), ("received", dst)):
+            out.setdefault((phase, link, way), np.zeros(plan.world_size))[rank] += nbytes
+    return out
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(2, 2), (3, 2)])
+def test_hierarchical_ub_bytes_per_rank_and_phase_by_brute_force(nodes, gpus) -> None:
+    """What each rank sends and receives in each phase: the other clusters are flat
+    plan's, ub0's changes are the brute-force messages' changes."""
+    plan = make_hub_plan("hierarchical", nodes, gpus)
+    flat = make_hub_plan("flat", nodes, gpus)
+    data = SyntheticData(plan, seed=8)
+    batches = [data.batch(0, a, plan.world_size) for a in range(plan.world_size)]
+    hier_log: list = []
+    flat_log: list = []
+    brute_force(plan, batches, hier_log)
+    brute_force(flat, batches, flat_log)
+    want_h, want_f = _per_rank(plan, hier_log, "ub0"), _per_rank(flat, flat_log, "ub0")
+    got_h, got_f = simulate(plan, batches=1, seed=8), simulate(flat, batches=1, seed=8)
+    zero = np.zeros(plan.world_size)
+    for phase in ("distributor", "forward", "backward"):
+        for link in ("intra", "inter"):
+            for way in ("sent", "received"):
+                got = [
+                    getattr(h, way)[phase][link] - getattr(f, way)[phase][link]
+                    for h, f in zip(got_h.per_rank, got_f.per_rank, strict=True)
+                ]
+                key = (phase, link, way)
+                want = want_h.get(key, zero) - want_f.get(key, zero)
+                assert got == list(want), key
+    assert ("distributor", "inter", "sent") in want_h and ("backward", "intra", "sent") in want_h
+
+
+def _ub_sets(plan: Plan, seed: int) -> list[list[set[int]]]:
+    """Distinct ids of table c per [rank][row shard] in step 0 (mod partition)."""
+    data = SyntheticData(plan, seed=seed)
+    out = []
+    for a in range(plan.world_size):
+        ids = data.batch(0, a, plan.world_size).sparse["fc"].ids
+        out.append([{int(k) for k in ids if k % 3 == j} for j in range(3)])
+    return out
+
+
+def test_hierarchical_ub_owner_and_aggregator_work_by_hand() -> None:
+    """The owner serves its node's requests plus one union per other node; the aggregator
+    adds R (4 keys + 4 vectors) per cell; requesters and everything else are unchanged."""
+    plan, flat = make_hub_plan("hierarchical"), make_hub_plan("flat")
+    hier_res, flat_res = simulate(plan, batches=1, seed=2), simulate(flat, batches=1, seed=2)
+    u = _ub_sets(plan, seed=2)
+    g, world = 2, 4
+    t = plan.table("c")
+    hbm, ids = np.zeros(world), np.zeros(world)
+    for s in plan.shards_of("c"):
+        o, j, vec = s.rank, s.row_shard, 4 * s.width
+        per_id = 4 * 8 + max(s.width * 4, 64) + 2 * vec  # fp32 table: 4 bytes an element
+        assert t.dtype == "fp32"
+        near = sum(len(u[a][j]) for a in range(world) if a // g == o // g)
+        far = [n for n in range(world // g) if n != o // g]
+        served = near + sum(
+            len(set().union(*(u[a][j] for a in range(n * g, n * g + g)))) for n in far
+        )
+        flat_served = sum(len(u[a][j]) for a in range(world))
+        hbm[o] += (served - flat_served) * per_id
+        ids[o] += served - flat_served
+        for n in far:
+            r_ = sum(len(u[a][j]) for a in range(n * g, n * g + g))
+            hbm[n * g + o % g] += r_ * (4 * 8 + 4 * vec)
+    assert ids.any() and hbm.any()
+    for h, f, dh, di in zip(hier_res.per_rank, flat_res.per_rank, hbm, ids, strict=True):
+        assert h.hbm_bytes - f.hbm_bytes == pytest.approx(dh)
+        assert h.ids - f.ids == di
+        assert h.distinct == f.distinct
+
+
+def test_hierarchical_ub_on_one_node_is_flat_ub() -> None:
+    plan = make_hub_plan("hierarchical", nodes=1, gpus=4)
+    flat = make_hub_plan("flat", nodes=1, gpus=4)
+    data = SyntheticData(plan, seed=6)
+    batches = [data.batch(0, a, plan.world_size) for a in range(plan.world_size)]
+    assert count_bytes(plan, batches) == count_bytes(flat, batches)
+    assert count_bytes(plan, batches)["ub0"]["intra"] > 0
+    hier_res, flat_res = simulate(plan, batches=2, seed=6), simulate(flat, batches=2, seed=6)
+    assert hier_res.step_times == flat_res.step_times
+    assert hier_res.clusters == flat_res.clusters
+    for h, f in zip(hier_res.per_rank, flat_res.per_rank, strict=True):
+        assert (h.hbm_bytes, h.ids, h.distinct) == (f.hbm_bytes, f.ids, f.distinct)
+        assert (h.sent, h.received, h.components) == (f.sent, f.received, f.components)
 
 
 def test_simulate_totals_agree_with_count_bytes_and_per_rank_counts() -> None:
@@ -279,6 +446,30 @@ def test_step_time_conversion_by_hand() -> None:
     assert got["nvlink"] == pytest.approx(6e9 / nv + 2e9 / nv)
     assert got["network"] == pytest.approx(4e9 / net + 5e9 / net + (2 * 3 + 2 * 1) * call)
     assert got["dp_exchange"] == pytest.approx(0.25 + 2e9 / net + call)
+
+
+def test_hierarchical_ub_latencies_by_hand() -> None:
+    """hub = 1 on two nodes: one more key call, two more result calls, three launches."""
+    plan, flat = make_hub_plan("hierarchical"), make_hub_plan("flat")
+    sent = {"distributor": {"intra": 1e9, "inter": 1e9}, "forward": {"intra": 2e9, "inter": 3e9}}
+    recv = {"backward": {"intra": 1e9, "inter": 2e9}}
+    got = step_time_of(plan, 1e12, sent, recv, ring=0.1, window=0.0)
+    base = step_time_of(flat, 1e12, sent, recv, ring=0.1, window=0.0)
+    call = C.COLLECTIVE_LATENCY_SECONDS + C.INTER_NODE_LATENCY_SECONDS
+    assert got["lookup"] - base["lookup"] == pytest.approx(3 * C.KERNEL_LAUNCH_SECONDS)
+    assert got["distributor"] - base["distributor"] == pytest.approx(call)
+    assert got["network"] - base["network"] == pytest.approx(2 * call)
+    assert got["nvlink"] == base["nvlink"] and got["dp_exchange"] == base["dp_exchange"]
+    nv, net = 3e11 * C.NVLINK_EFFICIENCY, 2.5e10 * C.NETWORK_EFFICIENCY
+    assert got["distributor"] == pytest.approx(1e9 / nv + 1e9 / net + (3 + 1) * call)
+    assert got["network"] == pytest.approx(3e9 / net + 2e9 / net + (2 * 3 + 2 * 1 + 2 * 1) * call)
+    launch = (3 * (3 + 1) + 2 * 1 + 3 * 1) * C.KERNEL_LAUNCH_SECONDS
+    assert got["lookup"] == pytest.approx(1e12 / (2e12 * C.HBM_EFFICIENCY) + launch)
+    # on one node hierarchical ub costs what flat ub does
+    one, one_flat = make_hub_plan("hierarchical", 1, 4), make_hub_plan("flat", 1, 4)
+    assert step_time_of(one, 1e12, sent, recv, 0.1, 0.0) == step_time_of(
+        one_flat, 1e12, sent, recv, 0.1, 0.0
+    )
 
 
 def test_dense_ring_waits_for_the_slowest_hop() -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_simulate import make_plan
+from test_simulate import make_hub_plan, make_plan
 
 from embark_runtime.plan import dumps_plan
 from embarkc.cli import main
@@ -37,6 +37,22 @@ def test_simulate_a_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         f"keys: sent during the previous step's dense compute, {key_window(rated) * 1e3:.3f} ms"
         in out
     )
+
+
+def test_simulate_a_plan_file_with_hierarchical_ub(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file's `communication` of a ub cluster reaches the counts: the owners serve
+    fewer ids (one union per other node)."""
+    ids = {}
+    for communication in ("flat", "hierarchical"):
+        path = tmp_path / f"{communication}.json"
+        path.write_text(dumps_plan(make_hub_plan(communication)))
+        assert main(["simulate", str(path), "--batches", "1", "--seed", "3"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        head = next(i for i, line in enumerate(out) if line.split()[:3] == ["rank", "node", "ids"])
+        ids[communication] = [float(line.split()[2]) for line in out[head + 1 : head + 5]]
+    assert sum(ids["hierarchical"]) < sum(ids["flat"])
 
 
 def test_simulate_a_spec_plans_it_first(capsys: pytest.CaptureFixture[str]) -> None:

@@ -172,8 +172,11 @@ def _explain(program: Any, plan: Any, table: str) -> None:
     rows = alternatives(cm, layout, table)
     chosen = min(rows, key=lambda r: (not r["chosen"], r["step_time"]))
     print(f"explain {table}: {len(rows)} alternatives (the rest of the plan unchanged)")
-    if any(r["communication"] == "hierarchical" for r in rows):
+    kinds = {_kind(r) for r in rows}
+    if "rb-h" in kinds:
         print("  (rb-h: rb with hierarchical communication, every cell on one node)")
+    if "ub-h" in kinds:
+        print("  (ub-h: ub with hierarchical communication, each node's ids deduplicated)")
     print("  kind  grid      step time     memory/rank   verdict")
     for r in rows:
         print(
@@ -184,4 +187,6 @@ def _explain(program: Any, plan: Any, table: str) -> None:
 
 
 def _kind(row: dict[str, Any]) -> str:
-    return "rb-h" if row["communication"] == "hierarchical" else str(row["kind"])
+    if row["communication"] == "hierarchical":
+        return f"{row['kind']}-h"
+    return str(row["kind"])

@@ -122,7 +122,7 @@ def build_plan(
         elif p.kind == "rb":
             key = ("rb", p.communication)
         else:
-            key = ("ub", "")
+            key = ("ub", "hierarchical" if p.node_dedup else "")
         groups.setdefault(key, []).append(name)
     clusters: list[dict[str, Any]] = []
     counters: dict[str, int] = {}
@@ -131,7 +131,7 @@ def build_plan(
         i = counters.get(kind, 0)
         counters[kind] = i + 1
         c: dict[str, Any] = {"name": f"{kind}{i}", "kind": kind, "tables": groups[key]}
-        if kind == "rb":
+        if kind == "rb" or sub == "hierarchical":
             c["communication"] = sub
         if kind == "dp":
             c["gradient_exchange"] = sub

@@ -110,16 +110,43 @@ def unit_bytes(cm: CostModel, u: Unit) -> float:
     return float(sum(cm.program.table_by_name[n].bytes for n in u.tables))
 
 
-def sharded_total_seconds(cm: CostModel, u: Unit, kind: str, r: int, c: int) -> float:
-    """Total seconds (over all ranks) that the unit costs as kind rb/ub on an r x c grid."""
+def default_comm(cm: CostModel, kind: str) -> str:
+    """The communication a unit of `kind` starts with: the spec's when it names one; under
+    `auto` hierarchical ub on several nodes (each node's ids deduplicated before the
+    network) and flat rb (the search tries the other as a move)."""
+    mode = cm.program.options.communication
+    if mode != "auto":
+        return mode
+    return "hierarchical" if kind == "ub" and cm.nodes > 1 else "flat"
+
+
+def sharded_total_seconds(
+    cm: CostModel, u: Unit, kind: str, r: int, c: int, ub_comm: str | None = None
+) -> float:
+    """Total seconds (over all ranks) that the unit costs as kind rb/ub on an r x c grid,
+    with the kind's starting communication (`default_comm`, or `ub_comm` for ub)."""
     total = 0.0
+    comm = ub_comm if ub_comm is not None else default_comm(cm, kind)
+    node_dedup = kind == "ub" and comm == "hierarchical"
+    G, N = cm.G, cm.nodes
     for n in u.tables:
         tf = cm.facts[n]
         widths = column_widths(tf.dim, c)
         offs = [sum(widths[:k]) for k in range(c)]
         cells = tuple((j, offs[k], offs[k] + widths[k]) for j in range(r) for k in range(c))
-        cv = cm.cell_values(tf, kind, r, cells)
+        cv = cm.cell_values(tf, kind, r, cells, node_dedup)
         total += float(owner_seconds(cm, cv).sum()) + cm.W * cv.hbm_all / cm.bw_hbm
+        if cv.node_dedup:
+            assert cv.agg_hbm is not None and cv.res_node is not None and cv.dist_node is not None
+            # the N - 1 aggregators of every cell: their HBM work and busier link sides
+            agg = (
+                cv.agg_hbm / cm.bw_hbm
+                + 2.0 * ((G - 1) * cv.res / cm.bw_intra + cv.res_node / cm.bw_inter)
+                + cm.keys_beyond_window(
+                    (G - 1) * cv.dist / cm.bw_intra + cv.dist_node / cm.bw_inter
+                )
+            )
+            total += (N - 1) * float(agg.sum())
     return total
 
 
@@ -154,7 +181,9 @@ def initial_grid(cm: CostModel, u: Unit) -> tuple[int, int]:
     return r, c
 
 
-def initial_kinds(cm: CostModel, units: list[Unit], allow_dp: bool = True) -> dict[str, str]:
+def initial_kinds(
+    cm: CostModel, units: list[Unit], allow_dp: bool = True, ub_comm: str | None = None
+) -> dict[str, str]:
     """Each unit's starting kind: the allowed kind with the least total work.
 
     dp is taken only while the replicated tables leave every rank room for its share of
@@ -167,7 +196,7 @@ def initial_kinds(cm: CostModel, units: list[Unit], allow_dp: bool = True) -> di
     for i, u in enumerate(units):
         r, c = initial_grid(cm, u)
         costs: dict[str, float] = {
-            k: sharded_total_seconds(cm, u, k, r, c) for k in u.kinds if k != "dp"
+            k: sharded_total_seconds(cm, u, k, r, c, ub_comm) for k in u.kinds if k != "dp"
         }
         best = min(costs, key=lambda k: (costs[k], u.kinds.index(k))) if costs else None
         if "dp" in u.kinds and (allow_dp or best is None):

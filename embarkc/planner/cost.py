@@ -325,6 +325,22 @@ class CellValues:
     buf_all: float
     owner: dict[bool, np.ndarray] = field(default_factory=dict)
     """Cache of `owner_seconds` for these cells, by hierarchical."""
+    node_dedup: bool = False
+    """Hierarchical ub on several nodes: every other node's aggregator (the owner's rail
+    peer there) deduplicates its node's ids. `res` and `dist` are then what one requester
+    receives and sends, over NVLink to its aggregator or to an owner of its own node."""
+    res_node: np.ndarray | None = None
+    """node_dedup: vectors the owner sends each other node's aggregator (forward bytes)."""
+    dist_node: np.ndarray | None = None
+    """node_dedup: key bytes each other node's aggregator sends the owner."""
+    agg_hbm: np.ndarray | None = None
+    """node_dedup: HBM bytes of one aggregator for the cell."""
+    agg_buf: np.ndarray | None = None
+    """node_dedup: buffer bytes of one aggregator for the cell."""
+    hub_res: np.ndarray | None = None
+    """node_dedup: per cell the row of `HUB_TERMS` sums its results add (x, X, h, b)."""
+    hub_dist: np.ndarray | None = None
+    """node_dedup: per cell the row its keys add (d, D), once per (row shard, owner)."""
 
 
 @dataclass
@@ -389,11 +405,27 @@ class CostModel:
         return q, np.minimum(ul, rs), np.minimum(ug, rs)
 
     # ------------------------------------------------------------------ cells
+    def node_distinct(self, tf: TableFacts, r: int) -> np.ndarray:
+        """Expected distinct ids per row shard among the samples of one node (G * b)."""
+        un = np.zeros(r)
+        for key, h in tf.groups:
+            perm_index = tf.index if (key[0] == "zipf" and key[2] and r > 1) else 0
+            _, d = access_stats(tf.rows, key, r, self.partition, perm_index, (self.G * self.b * h,))
+            un += d[0]
+        return np.minimum(un, shard_rows(tf.rows, r, self.partition))
+
     def cell_values(
-        self, tf: TableFacts, kind: str, r: int, cells: tuple[tuple[int, int, int], ...]
+        self,
+        tf: TableFacts,
+        kind: str,
+        r: int,
+        cells: tuple[tuple[int, int, int], ...],
+        node_dedup: bool = False,
     ) -> CellValues:
-        """Costs of the cells `(row_shard, lo, hi)` of a table split into `r` row shards."""
-        key = (tf.cache_key(r), kind, r, cells)
+        """Costs of the cells `(row_shard, lo, hi)` of a table split into `r` row shards;
+        `node_dedup`: hierarchical ub (ignored on one node, where it is flat ub)."""
+        node_dedup = node_dedup and kind == "ub" and self.nodes > 1
+        key = (tf.cache_key(r), kind, r, cells, node_dedup)
         hit = self._cells.get(key)
         if hit is not None:
             return hit
@@ -403,6 +435,9 @@ class CostModel:
         lo = np.array([c[1] for c in cells], dtype=np.int64)
         w = np.array([c[2] - c[1] for c in cells], dtype=np.float64)
         B, b, W = self.B, self.b, self.W
+        extra: dict[str, np.ndarray | None] = dict.fromkeys(
+            ("res_node", "dist_node", "agg_hbm", "agg_buf")
+        )
         qj, ulj, ugj, rsj = q[j], ul[j], ug[j], rs[j]
         row_access = np.maximum(w * tf.elem, K.SMALL_VECTOR_BYTES)
         grad_access = np.maximum(w * K.WIRE_ELEMENT_BYTES, K.SMALL_VECTOR_BYTES)
@@ -421,7 +456,13 @@ class CostModel:
             buf_own = B * tf.outputs * vec + n * K.KEY_BYTES
             buf_all = float((b * tf.outputs * vec).sum())
         elif kind == "ub":
-            recv = W * ulj  # distinct ids received from all requesters (its own included)
+            G, N = self.G, self.nodes
+            if node_dedup:
+                unj = self.node_distinct(tf, r)[j]
+                # the ids of its own node's requesters, and one union per other node
+                recv = G * ulj + (N - 1) * unj
+            else:
+                recv = W * ulj  # distinct ids received from all requesters (its own included)
             fwd = recv * (K.KEY_BYTES + row_access + vec)
             bwd = recv * (vec + K.KEY_BYTES) + ugj * touched_row + recv * 2 * K.KEY_BYTES
             hbm_own = fwd + bwd
@@ -434,6 +475,16 @@ class CostModel:
             hbm_all = float(per_req.sum()) + 2.0 * b * tf.outputs * K.WIRE_ELEMENT_BYTES * tf.dim
             buf_own = recv * (K.KEY_BYTES + vec)
             buf_all = float((ulj * (K.KEY_BYTES + vec)).sum()) + b * tf.outputs * 4 * tf.dim
+            if node_dedup:
+                # an aggregator: dedup of the G requests it holds, the forward gather and
+                # copy per request, the backward read and add per request
+                agg = G * ulj
+                extra = {
+                    "res_node": unj * vec,
+                    "dist_node": unj * K.KEY_BYTES,
+                    "agg_hbm": agg * (4 * K.KEY_BYTES + 4 * vec),
+                    "agg_buf": (agg + unj) * (K.KEY_BYTES + vec),
+                }
         else:
             raise ValueError(kind)
         cv = CellValues(
@@ -448,7 +499,18 @@ class CostModel:
             buf_own=buf_own,
             hbm_all=hbm_all,
             buf_all=buf_all,
+            node_dedup=node_dedup,
+            res_node=extra["res_node"],
+            dist_node=extra["dist_node"],
+            agg_hbm=extra["agg_hbm"],
+            agg_buf=extra["agg_buf"],
         )
+        if node_dedup:
+            assert cv.res_node is not None and cv.dist_node is not None
+            assert cv.agg_hbm is not None and cv.agg_buf is not None
+            z = np.zeros_like(cv.res)
+            cv.hub_res = np.stack([cv.res, cv.res_node, z, z, cv.agg_hbm, cv.agg_buf], axis=1)
+            cv.hub_dist = np.stack([z, z, cv.dist, cv.dist_node, z, z], axis=1)
         self._cells[key] = cv
         return cv
 
@@ -457,10 +519,10 @@ class CostModel:
         if p.cells_explicit is None:
             return self.grid_values(tf, p)
         cells = tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
-        return self.cell_values(tf, p.kind, p.row_shards, cells)
+        return self.cell_values(tf, p.kind, p.row_shards, cells, p.node_dedup)
 
     def grid_values(self, tf: TableFacts, p: Placement) -> CellValues:
-        key = (tf.cache_key(p.row_shards), p.kind, p.row_shards, p.widths)
+        key = (tf.cache_key(p.row_shards), p.kind, p.row_shards, p.widths, p.node_dedup)
         hit = self._grid.get(key)
         if hit is not None:
             return hit
@@ -470,7 +532,7 @@ class CostModel:
             for j in range(p.row_shards)
             for k in range(len(p.widths))
         )
-        cv = self.cell_values(tf, p.kind, p.row_shards, cells)
+        cv = self.cell_values(tf, p.kind, p.row_shards, cells, p.node_dedup)
         self._grid[key] = cv
         return cv
 
@@ -582,6 +644,13 @@ def dense_shape(program: Program) -> DenseShape:
 
 # --------------------------------------------------------------------------- rank state
 
+HUB_TERMS = ("x", "X", "d", "D", "h", "b")
+"""Sums of hierarchical ub cells kept per owner rank and per rail (`RankState.hub_own`,
+`hub_rail`, one column each): the vector bytes one requester receives (x) and one
+aggregator receives (X) per cell, the key bytes one requester sends (d) and one
+aggregator sends (D), an aggregator's HBM bytes (h) and buffers (b)."""
+HX, HXN, HD, HDN, HH, HB = range(len(HUB_TERMS))
+
 
 @dataclass
 class RankState:
@@ -622,7 +691,14 @@ class RankState:
         self.all_weights = 0.0
         self.all_state = 0.0
         self.all_buf = 0.0
-        self.counts = {"rb_flat": 0, "rb_hier": 0, "ub": 0, "dp": 0}
+        self.counts = {"rb_flat": 0, "rb_hier": 0, "ub": 0, "ub_hier": 0, "dp": 0}
+        # hierarchical ub (node_dedup cells): sums by owner rank and by the owner's local
+        # index (its rail); an aggregator serves the cells of its rail on other nodes
+        G = self.cm.G
+        self.hub_own = np.zeros((W, len(HUB_TERMS)))
+        self.hub_rail = np.zeros((G, len(HUB_TERMS)))
+        self.hub_x_tot = 0.0
+        self.hub_d_tot = 0.0
 
     # ------------------------------------------------------------------ updates
     def add_table(self, name: str, p: Placement, sign: float) -> None:
@@ -641,11 +717,10 @@ class RankState:
         cv = cm.placement_values(tf, p)
         ranks = np.asarray(p.rank_list(), dtype=np.int64)
         self.add_cells(cv, ranks, sign, hierarchical=p.hierarchical)
-        key = (
-            "ub"
-            if p.kind == "ub"
-            else ("rb_hier" if p.communication == "hierarchical" else "rb_flat")
-        )
+        if p.kind == "ub":
+            key = "ub_hier" if cv.node_dedup else "ub"
+        else:
+            key = "rb_hier" if p.communication == "hierarchical" else "rb_flat"
         self.counts[key] += int(sign)
 
     def add_cells(
@@ -674,10 +749,22 @@ class RankState:
         _, first = np.unique(pair, return_index=True)
         d = cv.dist[first]
         dr = ranks[first]
+        x = cv.res
+        if cv.node_dedup:
+            assert cv.res_node is not None
+            assert cv.hub_dist is not None and cv.hub_res is not None
+            self._hub_add(dr, sign * cv.hub_dist[first])
+            self.hub_d_tot += sign * float(d.sum())
+            np.add.at(self.res_sent_intra, ranks, sign * (G - 1) * x)
+            np.add.at(self.res_sent_inter, ranks, sign * (nodes - 1) * cv.res_node)
+            self._hub_add(ranks, sign * cv.hub_res)
+            self.hub_x_tot += sign * float(x.sum())
+            self.hbm_all += sign * cv.hbm_all
+            self.all_buf += sign * cv.buf_all
+            return
         np.add.at(self.dist_own, dr, sign * d)
         np.add.at(self.dist_node, dr // G, sign * d)
         self.dist_tot += sign * float(d.sum())
-        x = cv.res
         if not hierarchical or nodes == 1:
             np.add.at(self.res_sent_intra, ranks, sign * (G - 1) * x)
             np.add.at(self.res_sent_inter, ranks, sign * (W - G) * x)
@@ -700,6 +787,16 @@ class RankState:
             np.add.at(self.res_recv_inter_node_sub, gn, sign * xg)
         self.hbm_all += sign * cv.hbm_all
         self.all_buf += sign * cv.buf_all
+
+    def _hub_add(self, ranks: np.ndarray | int, rows: np.ndarray) -> None:
+        """Add `rows` (HUB_TERMS per cell) to the hierarchical-ub sums of owners `ranks`
+        and of their rails."""
+        if isinstance(ranks, int):
+            self.hub_own[ranks] += rows
+            self.hub_rail[ranks % self.cm.G] += rows
+            return
+        np.add.at(self.hub_own, ranks, rows)
+        np.add.at(self.hub_rail, ranks % self.cm.G, rows)
 
     def move_cell(
         self, cv: CellValues, ranks: np.ndarray, ci: int, b: int, hierarchical: bool = False
@@ -727,23 +824,28 @@ class RankState:
         same = cv.j == cv.j[ci]
         same[ci] = False
         others = ranks[same]
-        d = float(cv.dist[ci])
         if not (others == a).any():
-            self.dist_own[a] -= d
-            self.dist_node[na] -= d
-            self.dist_tot -= d
+            self._dist_one(cv, ci, a, -1.0)
         if not (others == b).any():
-            self.dist_own[b] += d
-            self.dist_node[nb] += d
-            self.dist_tot += d
+            self._dist_one(cv, ci, b, 1.0)
+
+    def _dist_one(self, cv: CellValues, ci: int, a: int, sign: float) -> None:
+        """The distributor keys of cell `ci` on rank `a` (the first of its row shard there)."""
+        d = sign * float(cv.dist[ci])
+        if cv.node_dedup:
+            assert cv.dist_node is not None
+            assert cv.hub_dist is not None
+            self._hub_add(a, sign * cv.hub_dist[ci])
+            self.hub_d_tot += d
+            return
+        self.dist_own[a] += d
+        self.dist_node[a // self.cm.G] += d
+        self.dist_tot += d
 
     def _add_one(self, cv: CellValues, a: int, sign: float, hierarchical: bool) -> None:
         """`add_cells` for a table of one cell (the common case), without numpy calls."""
         self._cell_terms(cv, 0, a, sign, hierarchical)
-        d = sign * float(cv.dist[0])
-        self.dist_own[a] += d
-        self.dist_node[a // self.cm.G] += d
-        self.dist_tot += d
+        self._dist_one(cv, 0, a, sign)
         self.hbm_all += sign * cv.hbm_all
         self.all_buf += sign * cv.buf_all
 
@@ -758,6 +860,13 @@ class RankState:
         self.state_b[a] += sign * float(cv.state[ci])
         self.buf[a] += sign * float(cv.buf_own[ci])
         x = sign * float(cv.res[ci])
+        if cv.node_dedup:
+            assert cv.res_node is not None and cv.hub_res is not None
+            self.res_sent_intra[a] += (G - 1) * x
+            self.res_sent_inter[a] += (nodes - 1) * sign * float(cv.res_node[ci])
+            self._hub_add(a, sign * cv.hub_res[ci])
+            self.hub_x_tot += x
+            return
         if not hierarchical or nodes == 1:
             self.res_sent_intra[a] += (G - 1) * x
             self.res_sent_inter[a] += (W - G) * x
@@ -776,9 +885,9 @@ class RankState:
         """Bytes (sent, received) per rank of each all-to-all link: the distributor's keys
         and the forward results (the backward mirrors them), intra- and inter-node."""
         cm = self.cm
-        W, G = cm.W, cm.G
+        W, G, N = cm.W, cm.G, cm.nodes
         no = cm.node_of
-        return {
+        out = {
             "dist_intra": (self.dist_node[no] - self.dist_own, (G - 1) * self.dist_own),
             "dist_inter": (self.dist_tot - self.dist_node[no], (W - G) * self.dist_own),
             "res_intra": (
@@ -790,23 +899,46 @@ class RankState:
                 self.res_recv_inter_tot - self.res_recv_inter_node_sub[no],
             ),
         }
+        if self.counts["ub_hier"] == 0:
+            return out
+        # hierarchical ub: rank a (local index l) aggregates the cells of the rank-l owners
+        # of the other nodes (rail - own) and receives over NVLink everything else not its own
+        rail = self.hub_rail[np.arange(W) % G]
+        agg = rail - self.hub_own
+        hub = {
+            "dist_intra": (self.hub_d_tot - rail[:, HD], (G - 1) * rail[:, HD]),
+            "dist_inter": (agg[:, HDN], (N - 1) * self.hub_own[:, HDN]),
+            "res_intra": ((G - 1) * agg[:, HX], self.hub_x_tot - rail[:, HX]),
+            "res_inter": (np.zeros(W), agg[:, HXN]),
+        }
+        return {k: (s + hub[k][0], r + hub[k][1]) for k, (s, r) in out.items()}
+
+    def aggregator(self, term: int) -> np.ndarray:
+        """Per rank, the hierarchical-ub sum `term` (HH HBM bytes, HB buffers) of the cells
+        it aggregates (its rail's owners on the other nodes)."""
+        return self.hub_rail[np.arange(self.cm.W) % self.cm.G, term] - self.hub_own[:, term]
 
     def components(self) -> dict[str, np.ndarray]:
         """Seconds per rank of every component."""
         cm = self.cm
         W = cm.W
         c = self.counts
-        a2a = int(c["rb_flat"] > 0) + int(c["rb_hier"] > 0) + int(c["ub"] > 0)
-        launches = 3 * (a2a + int(c["dp"] > 0)) + 2 * int(c["ub"] > 0)
-        lookup = (self.hbm_own + self.hbm_all) / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
+        hub = int(c["ub_hier"] > 0)
+        ubs = int(c["ub"] > 0) + hub
+        a2a = int(c["rb_flat"] > 0) + int(c["rb_hier"] > 0) + ubs
+        launches = 3 * (a2a + int(c["dp"] > 0)) + 2 * ubs + 3 * hub
+        hbm = self.hbm_own + self.hbm_all
+        if hub:
+            hbm = hbm + self.aggregator(HH)
+        lookup = hbm / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
         lk = self.links()
         (ds_i, dr_i), (ds_n, dr_n) = lk["dist_intra"], lk["dist_inter"]
         # the keys travel during the previous step's dense compute (the trainer's prefetch):
         # only what outlasts that window delays the step
         keys = coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
-        distributor = cm.keys_beyond_window(keys) + a2a * cm.collective_latency
+        distributor = cm.keys_beyond_window(keys) + (a2a + hub) * cm.collective_latency
         (rs_i, rr_i), (rs_n, rr_n) = lk["res_intra"], lk["res_inter"]
-        res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0)) * cm.collective_latency
+        res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0) + 2 * hub) * cm.collective_latency
         nvlink = 2.0 * np.maximum(rs_i, rr_i) / cm.bw_intra
         network = 2.0 * np.maximum(rs_n, rr_n) / cm.bw_inter
         if cm.nodes > 1:
@@ -832,12 +964,15 @@ class RankState:
 
     def memory(self) -> np.ndarray:
         """Weights + optimizer state + buffers per rank."""
-        return (
+        out = (
             self.weights
             + self.state_b
             + self.buf
             + (self.all_weights + self.all_state + self.all_buf)
         )
+        if self.counts["ub_hier"]:
+            out = out + self.aggregator(HB)
+        return out
 
     def estimate(self, layout: Layout) -> dict[str, Any]:
         """The plan's `estimate` field (unrounded)."""
@@ -845,11 +980,12 @@ class RankState:
         comp = self.components()
         times = sum(comp.values(), np.zeros(cm.W))
         crit = int(np.argmax(times))
+        agg_buf = self.aggregator(HB) if self.counts["ub_hier"] else np.zeros(cm.W)
         per_rank = []
         for r in range(cm.W):
             w = float(self.weights[r] + self.all_weights)
             s = float(self.state_b[r] + self.all_state)
-            bu = float(self.buf[r] + self.all_buf)
+            bu = float(self.buf[r] + self.all_buf + agg_buf[r])
             per_rank.append(
                 {
                     "rank": r,
@@ -894,6 +1030,12 @@ def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> 
 
 def _owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool) -> np.ndarray:
     W, G, N = cm.W, cm.G, cm.nodes
+    if cv.node_dedup:
+        # keys from its node's requesters and one union per other node; results likewise
+        assert cv.dist_node is not None and cv.res_node is not None
+        links = (G - 1) * cv.dist / cm.bw_intra + (N - 1) * cv.dist_node / cm.bw_inter
+        res = (G - 1) * cv.res / cm.bw_intra + (N - 1) * cv.res_node / cm.bw_inter
+        return cv.hbm_own / cm.bw_hbm + cm.keys_beyond_window(links) + 2.0 * res
     key_links = (G - 1) * cv.dist / cm.bw_intra + (W - G) * cv.dist / cm.bw_inter
     key_links = cm.keys_beyond_window(key_links)
     keys = cv.hbm_own / cm.bw_hbm + key_links

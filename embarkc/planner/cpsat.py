@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from embarkc.planner.clusters import Unit, initial_grid
+from embarkc.planner.clusters import Unit, default_comm, initial_grid
 from embarkc.planner.cost import CostModel, RankState
 from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node, unit_cells
 from embarkc.planner.types import Layout, Placement
@@ -245,12 +245,12 @@ def decision_of(p: Placement) -> Decision:
 def grid_options(cm: CostModel, u: Unit, d: Decision, max_cells: int) -> list[Decision]:
     """The decisions a neighbourhood may give unit `u` now at `d`: `d` itself first, one
     row shard more or fewer, one column cut more or fewer (cuts at any multiple of 4, not
-    only powers of two), rows traded for columns, the other kinds and, for rb on several
-    nodes, the other communication. At most `max_cells` cells each."""
+    only powers of two), rows traded for columns, the other kinds and, for rb and ub on
+    several nodes, the other communication. At most `max_cells` cells each."""
     out = [d]
     if d.kind == "dp":
         r, c = initial_grid(cm, u)
-        out += [Decision(k, r, c) for k in u.kinds if k != "dp"]
+        out += [Decision(k, r, c, default_comm(cm, k)) for k in u.kinds if k != "dp"]
         return [o for o in out if o.kind == "dp" or o.r * o.c <= max_cells]
     grids = [
         (d.r + 1, d.c),
@@ -262,16 +262,18 @@ def grid_options(cm: CostModel, u: Unit, d: Decision, max_cells: int) -> list[De
     ]
     for r, c in grids:
         if u.min_r <= r <= u.max_r and u.min_c <= c <= u.max_c and r * c <= max_cells:
-            comm = d.comm if r > 1 else "flat"
+            comm = d.comm if r > 1 or d.kind == "ub" else "flat"
             out.append(Decision(d.kind, r, c, comm))
     for k in u.kinds:
         if k == "dp":
             out.append(Decision("dp"))
         elif k != d.kind:
-            out.append(Decision(k, d.r, d.c))
+            out.append(Decision(k, d.r, d.c, default_comm(cm, k)))
     mode = cm.program.options.communication
     if d.kind == "rb" and d.r > 1 and cm.nodes > 1 and mode == "auto":
         out.append(Decision("rb", d.r, d.c, "flat" if d.comm == "hierarchical" else "hierarchical"))
+    if d.kind == "ub" and cm.nodes > 1 and mode == "auto":
+        out.append(Decision("ub", d.r, d.c, "flat" if d.comm == "hierarchical" else "hierarchical"))
     return out
 
 
@@ -303,6 +305,24 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
     for n, p in templates:
         cv = cm.grid_values(cm.facts[n], p)
         parts["hbm"] += cv.hbm_own / cm.bw_hbm
+        uni += cv.buf_all
+        if cv.node_dedup:
+            # hierarchical ub: its node's requesters and one aggregator per other node
+            # talk to the owner; every rank talks to the cell over NVLink (to the owner or
+            # its aggregator), and one rank in G of a remote node is its aggregator (its
+            # share of the network side; the aggregators' HBM work is left to the full
+            # model that re-costs every solution)
+            assert cv.dist_node is not None and cv.res_node is not None
+            n1 = cm.nodes - 1
+            parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
+            parts["dist_inter"] += n1 * cv.dist_node / cm.bw_inter
+            other["dist_intra"] += cv.dist / cm.bw_intra
+            other["dist_inter"] += cv.dist_node / G / cm.bw_inter
+            parts["res_intra"] += 2.0 * (G - 1) * cv.res / cm.bw_intra
+            parts["res_inter"] += 2.0 * n1 * cv.res_node / cm.bw_inter
+            other["res_intra"] += 2.0 * cv.res / cm.bw_intra
+            other["res_inter"] += 2.0 * cv.res_node / G / cm.bw_inter
+            continue
         parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
         parts["dist_inter"] += (W - G) * cv.dist / cm.bw_inter
         other["dist_intra"] += cv.dist / cm.bw_intra
@@ -319,7 +339,6 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             parts["res_inter"] += 2.0 * (W - G) * cv.res / cm.bw_inter
             other["res_intra"] += 2.0 * cv.res / cm.bw_intra
             other["res_inter"] += 2.0 * cv.res / cm.bw_inter
-        uni += cv.buf_all
     return _Option(
         u,
         d,

@@ -1,7 +1,7 @@
 """`--explain TABLE`: the cost of every alternative placement of one table.
 
-Each alternative (kind x grid, and for rb on several nodes each communication the spec
-allows) re-places the table's cells on the least-loaded ranks of the plan with that table
+Each alternative (kind x grid, and for rb and ub on several nodes each communication
+the spec allows) re-places the table's cells on the least-loaded ranks of the plan with that table
 removed (a hierarchical table's on one node, as the search does), keeps everything else
 where it is, and is costed by the full cost model. The verdict says why an alternative
 lost: it does not fit, or it makes the step time longer (and which component grew most on
@@ -27,8 +27,8 @@ def _grids(cm: CostModel, rows_max: int, cols_max: int) -> list[tuple[int, int]]
 
 
 def _communications(cm: CostModel) -> tuple[str, ...]:
-    """The rb communications the planner may choose: both on several nodes when the spec
-    leaves it open, else the spec's (flat on one node)."""
+    """The rb and ub communications the planner may choose: both on several nodes when
+    the spec leaves it open, else the spec's (flat on one node)."""
     mode = cm.program.options.communication
     if cm.nodes == 1:
         return ("flat",)
@@ -81,7 +81,7 @@ def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, An
         if kind == "dp":
             options.append(Placement("dp", exchange=cm.best_exchange(tf)))  # type: ignore[arg-type]
             continue
-        for comm in _communications(cm) if kind == "rb" else ("flat",):
+        for comm in _communications(cm):
             for r, c in _grids(cm, min(unit.max_r, tf.rows), unit.max_c):
                 if not (unit.min_r <= r and unit.min_c <= c):
                     continue
@@ -103,7 +103,7 @@ def alternatives(cm: CostModel, layout: Layout, table: str) -> list[dict[str, An
         grid = "-" if p.kind == "dp" else f"{p.row_shards}x{cols}"
         row = {
             "kind": p.kind,
-            "communication": p.communication if p.kind == "rb" else None,
+            "communication": p.communication if p.kind in ("rb", "ub") else None,
             "grid": grid,
             "step_time": float(t.max()),
             "max_memory": float(m.max()),

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from embarkc.diagnostics import EmbarkError
 from embarkc.planner.clusters import (
     Unit,
     check_fits,
+    default_comm,
     dp_bytes,
     initial_grid,
     initial_kinds,
@@ -227,9 +229,12 @@ class Search:
         units: list[Unit],
         progress: Progress | None = None,
         exact_ref: bool = True,
+        ub_comm: str | None = None,
     ):
         self.cm = cm
         self.exact_ref = exact_ref
+        self.ub_comm = ub_comm if ub_comm is not None else default_comm(cm, "ub")
+        """The communication a unit gets when a move makes it ub (`choose_ub_comm`)."""
         self.units = units
         self.by_name = {u.name: u for u in units}
         self.progress = progress
@@ -642,7 +647,8 @@ class Search:
         self, u: Unit, d: Decision, extra_grids: tuple[tuple[int, int], ...] = ()
     ) -> list[Decision]:
         """The moves of unit `u` now at `d`: re-placed, neighbouring grids (and
-        `extra_grids`), the other kinds and, for rb, the other communication."""
+            `extra_grids`), the other kinds and, for rb, the other communication (ub keeps the
+        search's, `choose_ub_comm`)."""
         cm = self.cm
         out: list[Decision] = []
         if d.kind != "dp":
@@ -651,7 +657,7 @@ class Search:
             r, c = initial_grid(cm, u)
             for k in u.kinds:
                 if k != "dp":
-                    out.append(Decision(k, r, c, self._comm()))
+                    out.append(Decision(k, r, c, self._kind_comm(k)))
             return out
         grids = {
             (d.r + 1, d.c),
@@ -676,10 +682,13 @@ class Search:
             if k == "dp":
                 out.append(Decision("dp"))
             else:
-                out.append(replace(d, kind=k, comm="flat"))
+                out.append(replace(d, kind=k, comm=self._kind_comm(k)))
         if d.kind == "rb" and cm.nodes > 1 and self.comm_mode == "auto":
             out.append(replace(d, comm="flat" if d.comm == "hierarchical" else "hierarchical"))
         return out
+
+    def _kind_comm(self, kind: str) -> str:
+        return self.ub_comm if kind == "ub" else default_comm(self.cm, kind)
 
     def _comm(self, current: str = "flat") -> str:
         if self.comm_mode != "auto":
@@ -832,19 +841,12 @@ def greedy(
     """
     units = units_of(cm)
     check_fits(cm, units)
-    comm = "hierarchical" if cm.program.options.communication == "hierarchical" else "flat"
-    kinds = initial_kinds(cm, units)
-    sharded = initial_kinds(cm, units, allow_dp=False)
+    ub_comm, other = _ub_worlds(cm, units)
+    kinds = initial_kinds(cm, units, ub_comm=ub_comm)
+    sharded = initial_kinds(cm, units, allow_dp=False, ub_comm=ub_comm)
     starts: list[dict[str, Decision]] = []
     for choose in (lambda u: kinds[u.name], lambda u: sharded[u.name], lambda u: u.kinds[0]):
-        decisions: dict[str, Decision] = {}
-        for u in units:
-            k = choose(u)
-            if k == "dp":
-                decisions[u.name] = Decision("dp")
-            else:
-                r, c = initial_grid(cm, u)
-                decisions[u.name] = Decision(k, r, c, comm)
+        decisions = _start(cm, units, choose, ub_comm)
         if decisions not in starts:
             starts.append(decisions)
     hier = hierarchical_start(cm, units, starts[0])
@@ -868,10 +870,23 @@ def greedy(
             # first start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.184 against 6.872)
             runs = []
         runs += [(col, True) for col in cols]
+    if other is not None:
+        # the other ub communication: its first start, hierarchical rb start and column
+        # starts (one unit's move to the other communication cannot show what all of
+        # them gain, and the better depends on the workload)
+        kinds_o = initial_kinds(cm, units, ub_comm=other)
+        first = _start(cm, units, partial(_kind_of, kinds_o), other)
+        more = [first, hierarchical_start(cm, units, first)]
+        if cm.key_window > 0:
+            more += [column_start(cm, units, first, share) for share in COLUMN_SHARES]
+        for d in more:
+            if d is not None and d not in starts and (d, True) not in runs:
+                runs.append((d, True))
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
     for i, (decisions, exact_ref) in enumerate(runs):
-        search = Search(cm, units, progress, exact_ref)
+        comm = next((x.comm for x in decisions.values() if x.kind == "ub"), ub_comm)
+        search = Search(cm, units, progress, exact_ref, comm)
         try:
             decisions = _place_splitting(search, decisions)
         except EmbarkError:
@@ -892,6 +907,67 @@ def greedy(
     if progress is not None:
         progress("greedy", 1.0, best[0])
     return GreedyResult(best[1], best[0], best[2], units)
+
+
+def _start(
+    cm: CostModel, units: list[Unit], choose: Callable[[Unit], str], ub_comm: str
+) -> dict[str, Decision]:
+    """Each unit on its `choose`n kind and initial grid, ub with `ub_comm`."""
+    out: dict[str, Decision] = {}
+    for u in units:
+        k = choose(u)
+        if k == "dp":
+            out[u.name] = Decision("dp")
+        else:
+            r, c = initial_grid(cm, u)
+            out[u.name] = Decision(k, r, c, ub_comm if k == "ub" else default_comm(cm, k))
+    return out
+
+
+def _kind_of(kinds: dict[str, str], u: Unit) -> str:
+    return kinds[u.name]
+
+
+def _ub_worlds(cm: CostModel, units: list[Unit]) -> tuple[str, str | None]:
+    """(the ub communication of the search's starts, the other one whose first starts are
+    also searched, or None). Where the spec leaves it to the planner on several nodes:
+    programs of up to FOUR_START_UNITS units search every start with flat ub and a few
+    with hierarchical ub; larger ones one communication (`choose_ub_comm`)."""
+    default = default_comm(cm, "ub")
+    if cm.nodes == 1 or cm.program.options.communication != "auto":
+        return default, None
+    if not any("ub" in u.kinds for u in units):
+        return default, None
+    if len(units) <= FOUR_START_UNITS:
+        return "flat", "hierarchical"
+    return choose_ub_comm(cm, units), None
+
+
+def choose_ub_comm(cm: CostModel, units: list[Unit]) -> str:
+    """The communication of every ub unit of the search: the spec's, or under `auto` on
+    several nodes the one whose first start (the kinds the cost model prefers for each
+    unit alone with that ub, placed) has the lower mean rank time, the work the descent
+    then balances. One unit's move to the other communication cannot show what all of
+    them gain (a second cluster costs its own collectives), so the search keeps one.
+    Hierarchical ub wins on T510 on 128 GPUs (4.709 -> 4.405 ms), flat on T200 (3.112;
+    3.249 with hierarchical ub)."""
+    default = default_comm(cm, "ub")
+    if cm.nodes == 1 or cm.program.options.communication != "auto":
+        return default
+    if not any("ub" in u.kinds for u in units):
+        return default
+    means = {}
+    for comm in ("hierarchical", "flat"):
+        kinds = initial_kinds(cm, units, ub_comm=comm)
+        search = Search(cm, units, ub_comm=comm)
+        try:
+            _place_splitting(search, _start(cm, units, partial(_kind_of, kinds), comm))
+        except EmbarkError:
+            continue
+        means[comm] = float(search.state.times().mean())
+    if not means:
+        return default
+    return min(means, key=lambda c: (means[c], c != default))
 
 
 def column_start(
@@ -996,7 +1072,7 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
                 if not sharded:
                     break
                 r, c = initial_grid(cm, u)
-                decisions[u.name] = Decision(sharded[0], r, c)
+                decisions[u.name] = Decision(sharded[0], r, c, search._kind_comm(sharded[0]))
                 continue
             if d.r * 2 > u.max_r:
                 break

@@ -7,8 +7,9 @@ rank of every cell. Stages exchange Layouts; only `embarkc.planner.build` turns 
 * kind dp: no grid (row_shards == 1, one column of the full width) and no ranks;
 * kind rb/ub: `ranks` has `row_shards * len(widths)` entries, cell (j, k) at index
   `j * len(widths) + k`, every width positive and the widths summing to the table's dim;
-* `communication` is "flat" or "hierarchical" (meaningful for rb only), `exchange` is
-  "dense" or "sparse" (meaningful for dp only).
+* `communication` is "flat" or "hierarchical" (meaningful for rb and ub: rb sums the
+  owner node's partials before the network, ub deduplicates each node's ids before it),
+  `exchange` is "dense" or "sparse" (meaningful for dp only).
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ class Placement:
     def hierarchical(self) -> bool:
         """rb whose partials are summed in the owner node before the network."""
         return self.kind == "rb" and self.communication == "hierarchical"
+
+    @property
+    def node_dedup(self) -> bool:
+        """ub whose ids are deduplicated per node before the network (hierarchical ub)."""
+        return self.kind == "ub" and self.communication == "hierarchical"
 
     @property
     def column_shards(self) -> int:
