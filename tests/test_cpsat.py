@@ -98,7 +98,7 @@ def test_the_greedy_polish_leaves_the_norms_local_minimum(monkeypatch):
     cm = CostModel(keys_in_full(program))
     assert greedy_mod.choose_ub_comm(cm, greedy_mod.units_of(cm)) == "hierarchical"
     assert round(greedy(cm).step_time * 1e3, 3) == 6.075
-    monkeypatch.setattr(greedy_mod, "choose_ub_comm", lambda cm, units: "flat")
+    monkeypatch.setattr(greedy_mod, "choose_ub_comm", lambda cm, units, known=None: "flat")
     polished = greedy(cm).step_time
     monkeypatch.setattr(greedy_mod, "POLISH_ROUNDS", 0)  # _descend polishes this many rounds
     unpolished = greedy(cm).step_time

@@ -99,9 +99,10 @@ def test_rebalance_never_ends_slower_and_respects_memory_and_its_budget() -> Non
 
 
 def test_on_128_gpus_the_column_ladder_and_the_rebalance_lower_t180_and_t200(monkeypatch):
-    """With the keys hidden, T180 and T200 on 16 x 8 GPUs: 4.544 and 3.310 ms with one
-    column start (a quarter share) and no rebalance, 4.241 and 3.224 with the ladder,
-    4.199 and 3.112 with the rebalance as well."""
+    """With the keys hidden, T180 and T200 on 16 x 8 GPUs: 4.544 and 3.255 ms with one
+    column start (a quarter share) and no rebalance (T200 from a hierarchical-ub start;
+    3.310 with flat ub only), 4.241 and 3.224 with the ladder, 4.199 and 3.112 with the
+    rebalance as well."""
     t180 = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", 16))
     t200 = CostModel(program_from_workload(SHARED / "workloads" / "t200.json", 16))
 
@@ -112,7 +113,7 @@ def test_on_128_gpus_the_column_ladder_and_the_rebalance_lower_t180_and_t200(mon
     monkeypatch.setattr(greedy_mod, "REBALANCE_EVALS", 0)
     assert (ms(t180), ms(t200)) == (4.241, 3.224)
     monkeypatch.setattr(greedy_mod, "COLUMN_SHARES", (0.25,))
-    assert (ms(t180), ms(t200)) == (4.544, 3.310)
+    assert (ms(t180), ms(t200)) == (4.544, 3.255)
 
 
 @pytest.mark.parametrize("nodes", [1, 4])

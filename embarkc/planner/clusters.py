@@ -138,13 +138,12 @@ def sharded_total_seconds(
         total += float(owner_seconds(cm, cv).sum()) + cm.W * cv.hbm_all / cm.bw_hbm
         if cv.node_dedup:
             assert cv.agg_hbm is not None and cv.res_node is not None and cv.dist_node is not None
-            # the N - 1 aggregators of every cell: their HBM work and busier link sides
+            # the N - 1 aggregators of every cell: their HBM work and their NVLink side
+            # (their network side is the owner's, counted once as every link is)
             agg = (
                 cv.agg_hbm / cm.bw_hbm
-                + 2.0 * ((G - 1) * cv.res / cm.bw_intra + cv.res_node / cm.bw_inter)
-                + cm.keys_beyond_window(
-                    (G - 1) * cv.dist / cm.bw_intra + cv.dist_node / cm.bw_inter
-                )
+                + 2.0 * (G - 1) * cv.res / cm.bw_intra
+                + cm.keys_beyond_window((G - 1) * cv.dist / cm.bw_intra)
             )
             total += (N - 1) * float(agg.sum())
     return total

@@ -33,7 +33,7 @@ capped at the shard's rows).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -230,6 +230,9 @@ class TableFacts:
     """features reading the table: one bag length per (sample, feature)."""
     weighted_ids: float
     optimizer: str
+    signature_id: int = -1
+    """A small integer per distinct `signature` in the program (`table_facts`), so that
+    the cost caches hash two ints instead of the signature."""
 
     @property
     def signature(self) -> tuple[Any, ...]:
@@ -247,9 +250,16 @@ class TableFacts:
             self.weighted_ids,
         )
 
-    def cache_key(self, r: int) -> tuple[Any, ...]:
-        permuted = any(k[0] == "zipf" and k[2] for k, _ in self.groups)
-        return (self.signature, self.index if permuted and r > 1 else -1)
+    def cache_key(self, r: int) -> tuple[int, int]:
+        """Tables of equal signature share cell costs, unless their ids are permuted (by
+        the table's index) and the table is row-split."""
+        if r > 1 and self.permuted:
+            return (self.signature_id, self.index)
+        return (self.signature_id, -1)
+
+    @cached_property
+    def permuted(self) -> bool:
+        return any(k[0] == "zipf" and k[2] for k, _ in self.groups)
 
     def cell_bytes(self, rows: float, width: int) -> tuple[float, float]:
         """(weights, optimizer state) bytes of `rows` rows of `width` columns."""
@@ -286,6 +296,9 @@ def table_facts(program: Program) -> dict[str, TableFacts]:
             weighted_ids=weighted,
             optimizer=t.optimizer.kind,
         )
+    ids: dict[tuple[Any, ...], int] = {}
+    for tf in out.values():
+        tf.signature_id = ids.setdefault(tf.signature, len(ids))
     return out
 
 
@@ -376,6 +389,7 @@ class CostModel:
         self.capacity = float(topo.hbm_bytes - program.options.memory_headroom)
         self.facts = table_facts(program)
         self.node_of = np.arange(self.W) // self.G
+        self.local_of = np.arange(self.W) % self.G
         self.collective_latency = K.COLLECTIVE_LATENCY_SECONDS + (
             K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0
         )
@@ -386,34 +400,48 @@ class CostModel:
         self._dp: dict[tuple[Any, str], DpValues] = {}
         self._exchange: dict[tuple[Any, ...], str] = {}
         self._grid: dict[tuple[Any, ...], CellValues] = {}
+        self.unit_cache: dict[tuple[Any, ...], Any] = {}
+        """The search's cell loads, memory and templates per (unit, grid decision)."""
+        self._stat_cache: dict[
+            tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+        ] = {}
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(q, distinct per requester, distinct over the global batch) per row shard."""
-        q = np.zeros(r)
-        ul = np.zeros(r)
-        ug = np.zeros(r)
+        q, ul, ug, _ = self._stats(tf, r)
+        return q, ul, ug
+
+    def node_distinct(self, tf: TableFacts, r: int) -> np.ndarray:
+        """Expected distinct ids per row shard among the samples of one node (G * b)."""
+        return self._stats(tf, r)[3]
+
+    def _stats(
+        self, tf: TableFacts, r: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`stats` and, on several nodes, `node_distinct` (zeros on one), in one pass over
+        the access distributions."""
+        key_ = (tf.cache_key(r), r)
+        hit = self._stat_cache.get(key_)
+        if hit is not None:
+            return hit
+        q, ul, ug, un = np.zeros(r), np.zeros(r), np.zeros(r), np.zeros(r)
+        node = self.nodes > 1
         for key, h in tf.groups:
             perm_index = tf.index if (key[0] == "zipf" and key[2] and r > 1) else 0
-            qg, d = access_stats(
-                tf.rows, key, r, self.partition, perm_index, (self.b * h, self.B * h)
-            )
+            ns = (self.b * h, self.B * h) + ((self.G * self.b * h,) if node else ())
+            qg, d = access_stats(tf.rows, key, r, self.partition, perm_index, ns)
             q += qg * (h / tf.ids)
             ul += d[0]
             ug += d[1]
+            if node:
+                un += d[2]
         rs = shard_rows(tf.rows, r, self.partition)
-        return q, np.minimum(ul, rs), np.minimum(ug, rs)
+        out = (q, np.minimum(ul, rs), np.minimum(ug, rs), np.minimum(un, rs))
+        self._stat_cache[key_] = out
+        return out
 
     # ------------------------------------------------------------------ cells
-    def node_distinct(self, tf: TableFacts, r: int) -> np.ndarray:
-        """Expected distinct ids per row shard among the samples of one node (G * b)."""
-        un = np.zeros(r)
-        for key, h in tf.groups:
-            perm_index = tf.index if (key[0] == "zipf" and key[2] and r > 1) else 0
-            _, d = access_stats(tf.rows, key, r, self.partition, perm_index, (self.G * self.b * h,))
-            un += d[0]
-        return np.minimum(un, shard_rows(tf.rows, r, self.partition))
-
     def cell_values(
         self,
         tf: TableFacts,
@@ -903,7 +931,7 @@ class RankState:
             return out
         # hierarchical ub: rank a (local index l) aggregates the cells of the rank-l owners
         # of the other nodes (rail - own) and receives over NVLink everything else not its own
-        rail = self.hub_rail[np.arange(W) % G]
+        rail = self.hub_rail[cm.local_of]
         agg = rail - self.hub_own
         hub = {
             "dist_intra": (self.hub_d_tot - rail[:, HD], (G - 1) * rail[:, HD]),
@@ -916,7 +944,7 @@ class RankState:
     def aggregator(self, term: int) -> np.ndarray:
         """Per rank, the hierarchical-ub sum `term` (HH HBM bytes, HB buffers) of the cells
         it aggregates (its rail's owners on the other nodes)."""
-        return self.hub_rail[np.arange(self.cm.W) % self.cm.G, term] - self.hub_own[:, term]
+        return self.hub_rail[self.cm.local_of, term] - self.hub_own[:, term]
 
     def components(self) -> dict[str, np.ndarray]:
         """Seconds per rank of every component."""

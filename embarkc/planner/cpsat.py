@@ -17,7 +17,9 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     a link costs its busier side:             z[l, a] >= V_l(a) + sum_c v_lc x[c, a]
       intra-node links:                       z[l, a] >= F_l(a) + S[l, node a] - sum_c w_lc x[c, a]
       inter-node links:                       z[l, a] >= F_l(a) + sum_n S[l, n] - S[l, node a]
-    a rank's time is below T:                 base_a + sum_o U_o y[o] + sum_c h_c x[c, a] + sum_l z[l, a] <= T
+    a rank's time is below T:                 base_a + sum_o U_o y[o] + sum_c h_c x[c, a] + sum_l z[l, a]
+                                              + R[rail a] - sum_c g_c x[c, a] <= T
+    aggregators per rail (hierarchical ub):   R[l] == sum_{c, a on rail l} g_c x[c, a]
     the ranks outside stay below the step time:  max_b t_b + sum_o (U_o - U_cur) y[o] <= max_a t_a
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
     within_node and hierarchical rb units stay on their node:  x[c, a] == 0 for a off it
@@ -28,7 +30,10 @@ This is the full cost model (`cost.RankState`) around the current plan. `h_c` is
 cell's HBM work on its owner; `v_lc` its owner's side of link l (keys received, results
 sent forward and backward); `w_lc` what it puts on the far side of one rank that talks to
 it (keys that rank sends it, results that rank receives from it): the ranks of its node
-over NVLink, the others over the network. `V_l(a)` and `F_l(a)` are the two sides of the
+over NVLink, the others over the network. `g_c` is what a hierarchical ub cell puts on
+each of its aggregators (the ranks with its owner's local index, its rail, on the other
+nodes: their HBM work and NVLink sends), summed per rail over the free ranks (`R`).
+`V_l(a)` and `F_l(a)` are the two sides of the
 cells that do not move (links are full duplex: `max(sent, received)`, as the cost model
 says), so a cell that moves changes the far side of every free rank it talks to, its old
 node's and its new one's. `U_o` is what the option adds to every rank besides owner HBM
@@ -193,6 +198,10 @@ class _Option:
     talks to it: keys that rank sends it (`dist_*`), results that rank receives from it
     (`res_*`); intra-node links for the ranks of its node, inter-node for the others."""
     allowed: np.ndarray | None = None
+    rail: np.ndarray | None = None
+    """Per cell (ns, int64): what it puts on each of its aggregators (hierarchical ub: the
+    ranks with its owner's local index on the other nodes): their HBM work and what they
+    send over NVLink, forward and backward. None when no cell has any."""
 
 
 def _norm(t: np.ndarray) -> float:
@@ -301,6 +310,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
     uni = 0.0
     parts = {k: np.zeros(d.r * d.c) for k in PARTS}
     other = {k: np.zeros(d.r * d.c) for k in LINKS}
+    rail = np.zeros(d.r * d.c)
     W, G = cm.W, cm.G
     for n, p in templates:
         cv = cm.grid_values(cm.facts[n], p)
@@ -310,10 +320,12 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             # hierarchical ub: its node's requesters and one aggregator per other node
             # talk to the owner; every rank talks to the cell over NVLink (to the owner or
             # its aggregator), and one rank in G of a remote node is its aggregator (its
-            # share of the network side; the aggregators' HBM work is left to the full
-            # model that re-costs every solution)
+            # share of the network side); the aggregators' HBM work and NVLink sends
+            # follow the owner's local index (`rail`)
             assert cv.dist_node is not None and cv.res_node is not None
+            assert cv.agg_hbm is not None
             n1 = cm.nodes - 1
+            rail += cv.agg_hbm / cm.bw_hbm + 2.0 * (G - 1) * cv.res / cm.bw_intra
             parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
             parts["dist_inter"] += n1 * cv.dist_node / cm.bw_inter
             other["dist_intra"] += cv.dist / cm.bw_intra
@@ -348,6 +360,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         int(np.ceil(uni)),
         parts={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in parts.items()},
         other={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in other.items()},
+        rail=np.round(rail * TIME_SCALE).astype(np.int64) if rail.any() else None,
     )
 
 
@@ -556,6 +569,21 @@ class _Refiner:
                     cur_oth[k][b] += int(o.other[k][c])
         # ... and so on the other side of each free rank: the cells on the other ranks of
         # its node (intra-node links) or on the other nodes (inter-node links)
+        # the aggregator loads the movable cells put on the ranks of their rails now
+        cur_rail_own = np.zeros(cm.W, dtype=np.int64)
+        for u in free_units + partial_units:
+            o = self.option(u, self.decision[u.name])
+            if o.rail is None:
+                continue
+            cells = range(len(o.load)) if u.name not in movable else movable[u.name]
+            for c in cells:
+                cur_rail_own[int(self.ranks[u.name][c])] += int(o.rail[c])
+        li = cm.local_of
+        f_mask = np.zeros(cm.W, dtype=bool)
+        f_mask[ranks_f] = True
+        # on a free rank: the movable cells on the free ranks of its rail, its own aside
+        rail_free = np.bincount(li[f_mask], cur_rail_own[f_mask], cm.G).astype(np.int64)
+        cur_rail = rail_free[li] - cur_rail_own
         node_oth = {k: np.bincount(cm.node_of, cur_oth[k], cm.nodes) for k in LINKS}
         cur_other = {}
         for k in LINKS:
@@ -578,7 +606,7 @@ class _Refiner:
         side_now = {k: np.maximum(var_ns[k], fix_ns[k]) for k in LINKS}
         keys_now = np.maximum(side_now["dist_intra"] + side_now["dist_inter"] - window_ns, 0)
         link_now = side_now["res_intra"] + side_now["res_inter"] + keys_now
-        base_ns = t_ns - link_now - cur_part["hbm"] - cur_uni
+        base_ns = t_ns - link_now - cur_part["hbm"] - cur_uni - cur_rail
         m = cp_model.CpModel()
         y: dict[tuple[str, int], cp_model.IntVar] = {}
         x: dict[tuple[str, int, int, int], cp_model.IntVar] = {}
@@ -589,6 +617,7 @@ class _Refiner:
             k: {a: [] for a in ranks_f} for k in LINKS
         }
         mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
+        rail_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
         uni_load: list[tuple[int, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
         hints: list[tuple[cp_model.IntVar, int]] = []
@@ -618,6 +647,8 @@ class _Refiner:
                         for k in LINKS:
                             if o.other[k][c]:
                                 oterms[k][a].append((int(o.other[k][c]), xv))
+                        if o.rail is not None and o.rail[c]:
+                            rail_terms[a].append((int(o.rail[c]), xv))
                         mem_terms[a].append((int(o.mem[c]), xv))
                         on = o.d == cur and int(self.ranks[u.name][c]) == a
                         hints.append((xv, int(on)))
@@ -646,6 +677,8 @@ class _Refiner:
                     for k in LINKS:
                         if o.other[k][c]:
                             oterms[k][a].append((int(o.other[k][c]), xv))
+                    if o.rail is not None and o.rail[c]:
+                        rail_terms[a].append((int(o.rail[c]), xv))
                     mem_terms[a].append((int(o.mem[c]), xv))
                     hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
                 m.add_exactly_one(xs)
@@ -655,6 +688,7 @@ class _Refiner:
             + o.uni_load
             + sum(int(v.sum()) for v in (o.parts or {}).values())
             + sum(int(v.sum()) for v in (o.other or {}).values())
+            + (int(o.rail.sum()) * cm.nodes if o.rail is not None else 0)
             for lst in opts.values()
             for o in lst
         )
@@ -680,6 +714,13 @@ class _Refiner:
                 z_hints.append((sv, int(node_oth[k][n])))
         umem = sum(c * v for c, v in uni_mem)
         uload = sum(c * v for c, v in uni_load if c)
+        # aggregator loads (hierarchical ub) per rail: the cells placed on its free ranks
+        rail_sum: dict[int, Any] = {}
+        if any(rail_terms[a] for a in ranks_f):
+            for l_ in sorted({int(li[a]) for a in ranks_f}):
+                rail_sum[l_] = sum(
+                    c * v for a in ranks_f if int(li[a]) == l_ for c, v in rail_terms[a]
+                )
         for a in ranks_f:
             # each link costs its busier side: the owner side (fixed part plus the cells
             # placed here) or the other side (fixed part plus the cells on the other ranks
@@ -702,6 +743,9 @@ class _Refiner:
             m.add(key >= zs["dist_intra"] + zs["dist_inter"] - window_ns)
             z_hints.append((key, int(keys_now[a])))
             hbm = sum(c * v for c, v in terms["hbm"][a])
+            if rail_sum:
+                # it aggregates the cells of its rail's other ranks (all on other nodes)
+                hbm = hbm + rail_sum[int(li[a])] - sum(c * v for c, v in rail_terms[a])
             m.add(int(base_ns[a]) + uload + hbm + zs["res_intra"] + zs["res_inter"] + key <= T)
             m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
         out_t = 0

@@ -48,8 +48,10 @@ from embarkc.planner.clusters import (
     check_fits,
     default_comm,
     dp_bytes,
+    dp_total_seconds,
     initial_grid,
     initial_kinds,
+    sharded_total_seconds,
     unit_bytes,
     units_of,
 )
@@ -415,7 +417,8 @@ class Search:
         for _, ui, ci, _ in cells:
             u = self.units[ui]
             load_c, mem_c, _, ranks, _ = prepared[u.name]
-            us = used.setdefault(u.name, np.zeros(cm.W, dtype=bool))
+            single = len(load_c) == 1  # no other cell of its own to avoid
+            us = None if single else used.setdefault(u.name, np.zeros(cm.W, dtype=bool))
             al = allowed.get(u.name)
             if al is None and one_node(u, decisions[u.name]):
                 order = np.argsort(-load_c, kind="stable")
@@ -428,13 +431,16 @@ class Search:
             room = self.mem + mem_c[ci] <= free
             if al is not None:
                 room &= al
-            fresh = room & ~us
-            cand = fresh if fresh.any() else room
+            cand = room
+            if us is not None:
+                fresh = room & ~us
+                cand = fresh if fresh.any() else room
             if not cand.any():
                 raise NoRoom(u)
             a = int(np.argmin(np.where(cand, self.loads, np.inf)))
             ranks[ci] = a
-            us[a] = True
+            if us is not None:
+                us[a] = True
             self.loads[a] += load_c[ci]
             self.mem[a] += mem_c[ci]
         for u in self.units:
@@ -446,9 +452,20 @@ class Search:
         self, u: Unit, d: Decision
     ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, Placement]], float]:
         """A sharded unit's cell loads, cell memory, template placements and the bytes it
-        puts on every rank."""
-        load_c, mem_c, templates = self._cells(u, d)
-        return load_c, mem_c, templates, self._uniform_bytes(templates)
+        puts on every rank (cached on the cost model for every search: read-only)."""
+        key = (u.name, d)
+        hit = self.cm.unit_cache.get(key)
+        if hit is None:
+            load_c, mem_c, templates = self._cells(u, d)
+            load_c.flags.writeable = False
+            mem_c.flags.writeable = False
+            hit = self.cm.unit_cache[key] = (
+                load_c,
+                mem_c,
+                templates,
+                self._uniform_bytes(templates),
+            )
+        return hit
 
     def _install(
         self,
@@ -841,17 +858,21 @@ def greedy(
     """
     units = units_of(cm)
     check_fits(cm, units)
-    ub_comm, other = _ub_worlds(cm, units)
-    kinds = initial_kinds(cm, units, ub_comm=ub_comm)
-    sharded = initial_kinds(cm, units, allow_dp=False, ub_comm=ub_comm)
-    starts: list[dict[str, Decision]] = []
-    for choose in (lambda u: kinds[u.name], lambda u: sharded[u.name], lambda u: u.kinds[0]):
-        decisions = _start(cm, units, choose, ub_comm)
-        if decisions not in starts:
-            starts.append(decisions)
-    hier = hierarchical_start(cm, units, starts[0])
-    if hier is not None and hier not in starts:
-        starts.append(hier)
+    known: dict[str, dict[str, str]] = {}
+    ub_comm, other = _ub_worlds(cm, units, known)
+    kinds = known.get(ub_comm) or initial_kinds(cm, units, ub_comm=ub_comm)
+    # planning time: large programs whose keys hide search the column starts only
+    columns_only = cm.key_window > 0 and len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS
+    starts = [_start(cm, units, partial(_kind_of, kinds), ub_comm)]
+    if not columns_only:
+        sharded = initial_kinds(cm, units, allow_dp=False, ub_comm=ub_comm)
+        for choose in (partial(_kind_of, sharded), lambda u: u.kinds[0]):
+            decisions = _start(cm, units, choose, ub_comm)
+            if decisions not in starts:
+                starts.append(decisions)
+        hier = hierarchical_start(cm, units, starts[0])
+        if hier is not None and hier not in starts:
+            starts.append(hier)
     runs = [(d, True) for d in starts]
     if len(units) <= FOUR_START_UNITS:
         runs += [(d, False) for d in starts]
@@ -864,7 +885,7 @@ def greedy(
             col = column_start(cm, units, starts[0], share)
             if col not in starts and col not in cols:
                 cols.append(col)
-        if cols and len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS:
+        if cols and columns_only:
             # planning time: on large programs they replace the other starts, and they
             # end lower (T510 on 128 GPUs 4.709 ms in about 0.2 s of descent each, the
             # first start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.184 against 6.872)
@@ -928,7 +949,9 @@ def _kind_of(kinds: dict[str, str], u: Unit) -> str:
     return kinds[u.name]
 
 
-def _ub_worlds(cm: CostModel, units: list[Unit]) -> tuple[str, str | None]:
+def _ub_worlds(
+    cm: CostModel, units: list[Unit], known: dict[str, dict[str, str]] | None = None
+) -> tuple[str, str | None]:
     """(the ub communication of the search's starts, the other one whose first starts are
     also searched, or None). Where the spec leaves it to the planner on several nodes:
     programs of up to FOUR_START_UNITS units search every start with flat ub and a few
@@ -940,34 +963,38 @@ def _ub_worlds(cm: CostModel, units: list[Unit]) -> tuple[str, str | None]:
         return default, None
     if len(units) <= FOUR_START_UNITS:
         return "flat", "hierarchical"
-    return choose_ub_comm(cm, units), None
+    return choose_ub_comm(cm, units, known), None
 
 
-def choose_ub_comm(cm: CostModel, units: list[Unit]) -> str:
-    """The communication of every ub unit of the search: the spec's, or under `auto` on
-    several nodes the one whose first start (the kinds the cost model prefers for each
-    unit alone with that ub, placed) has the lower mean rank time, the work the descent
-    then balances. One unit's move to the other communication cannot show what all of
-    them gain (a second cluster costs its own collectives), so the search keeps one.
-    Hierarchical ub wins on T510 on 128 GPUs (4.709 -> 4.405 ms), flat on T200 (3.112;
-    3.249 with hierarchical ub)."""
+def choose_ub_comm(
+    cm: CostModel, units: list[Unit], known: dict[str, dict[str, str]] | None = None
+) -> str:
+    """The communication of every ub unit of a large program's search: the spec's, or
+    under `auto` on several nodes the one whose first start (the kinds the cost model
+    prefers for each unit alone with that ub) has less work over all ranks, the work the
+    descent then balances. One unit's move to the other communication cannot show what all
+    of them gain (a second cluster costs its own collectives), so the search keeps one.
+    On T510 at 128 GPUs hierarchical ub (4.709 -> 4.405 ms). `known` receives the
+    starting kinds of each communication."""
     default = default_comm(cm, "ub")
     if cm.nodes == 1 or cm.program.options.communication != "auto":
         return default
     if not any("ub" in u.kinds for u in units):
         return default
-    means = {}
+    work = {}
     for comm in ("hierarchical", "flat"):
         kinds = initial_kinds(cm, units, ub_comm=comm)
-        search = Search(cm, units, ub_comm=comm)
-        try:
-            _place_splitting(search, _start(cm, units, partial(_kind_of, kinds), comm))
-        except EmbarkError:
-            continue
-        means[comm] = float(search.state.times().mean())
-    if not means:
-        return default
-    return min(means, key=lambda c: (means[c], c != default))
+        if known is not None:
+            known[comm] = kinds
+        total = 0.0
+        for u in units:
+            k = kinds[u.name]
+            if k == "dp":
+                total += dp_total_seconds(cm, u)
+            else:
+                total += sharded_total_seconds(cm, u, k, *initial_grid(cm, u), ub_comm=comm)
+        work[comm] = total
+    return min(work, key=lambda c: (work[c], c != default))
 
 
 def column_start(
