@@ -918,6 +918,7 @@ def greedy(
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     assert best is not None
+    best = (cm.step_time(best[1]), best[1], best[2])  # from scratch: no drift of the sums
     if len(units) <= FOUR_START_UNITS and cm.W > 1:
         # single cells off the critical rank (planning time: not on larger programs)
         search = Search(cm, units, progress)
@@ -1060,8 +1061,7 @@ def hierarchical_start(
 
 def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decision]]:
     """Improve and polish (again while that lowers the step time, `DESCENT_CYCLES`), re-pack
-    the chosen grids heaviest first, improve again; the best by the exact step time."""
-    cm = search.cm
+    the chosen grids heaviest first, improve again; the best by the step time."""
     before = math.inf
     cycles = DESCENT_CYCLES if len(search.units) <= FOUR_START_UNITS else 1
     for _ in range(cycles):
@@ -1071,14 +1071,14 @@ def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decis
             break
         before = t
     layout, dec = dict(search.layout), dict(search.decisions)
-    best = (cm.step_time(layout), layout, dec)
+    # by the search's incremental state (`greedy` re-costs the plan it keeps from scratch)
+    best = (search.state.step_time(), layout, dec)
     try:
         search.place_all(dec)
         search.improve(limit)
-        layout = dict(search.layout)
-        t = cm.step_time(layout)
+        t = search.state.step_time()
         if t < best[0] * (1 - 1e-9):
-            best = (t, layout, dict(search.decisions))
+            best = (t, dict(search.layout), dict(search.decisions))
     except NoRoom:
         pass
     return best

@@ -14,7 +14,7 @@ rank of every cell. Stages exchange Layouts; only `embarkc.planner.build` turns 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 Kind = Literal["dp", "rb", "ub"]
@@ -100,7 +100,16 @@ class Placement:
         return list(self.ranks)
 
     def with_ranks(self, ranks: tuple[int, ...]) -> Placement:
-        return replace(self, ranks=ranks)
+        # the search calls this for every table it places: no dataclasses.replace
+        return Placement(
+            self.kind,
+            self.row_shards,
+            self.widths,
+            ranks,
+            self.communication,
+            self.exchange,
+            self.cells_explicit,
+        )
 
     def check(self, dim: int) -> None:
         if self.kind == "dp":
