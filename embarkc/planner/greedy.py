@@ -6,7 +6,11 @@
    communication to the planner, a further start makes every rb unit hierarchical
    (`hierarchical_start`). When the keys hide under the dense compute, the first start
    is also searched with its heavy units cut into columns, once per cell size of
-   COLUMN_SHARES (`column_start`).
+   COLUMN_SHARES (`column_start`). All ub units of a start share one communication,
+   flat or hierarchical (ids deduplicated per node before the network, on the owner's
+   rail peer there: docs/communication.md); where the spec leaves it to the planner on
+   several nodes, small programs search both (`_ub_worlds`), large ones the one whose
+   first start has less work (`choose_ub_comm`).
 2. `place_all`: all cells, heaviest first, each on the least-loaded rank that has room
    (load = the seconds a cell puts on its owner, `cost.owner_seconds`, keys only beyond
    the dense compute window; room = weights, state and buffers within
@@ -23,7 +27,7 @@
 4. `Search.polish`: for the heaviest units of the critical rank, their moves and wider
    grids (`POLISH_GRIDS`), judged by the step time itself; a few rounds. The norm's
    descent stops in local minima that a jump to a grid several steps away leaves
-   (T510 on 128 GPUs: 6.50 -> 5.87 ms). Descent and polish repeat while the step time
+   (T510 on 128 GPUs with the keys in full and flat ub: 6.50 -> 5.87 ms). Descent and polish repeat while the step time
    falls (`DESCENT_CYCLES`).
 5. A fresh heaviest-first placement of the final grids, improved again; the faster of the
    two, and of the starts, is kept.
