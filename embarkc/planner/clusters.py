@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from embarkc.diagnostics import EmbarkError
-from embarkc.planner.cost import CostModel, owner_seconds
+from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
 from embarkc.planner.types import Kind, column_widths
 
 GIB = float(1 << 30)
@@ -137,15 +137,10 @@ def sharded_total_seconds(
         cv = cm.cell_values(tf, kind, r, cells, node_dedup)
         total += float(owner_seconds(cm, cv).sum()) + cm.W * cv.hbm_all / cm.bw_hbm
         if cv.node_dedup:
-            assert cv.agg_hbm is not None and cv.res_node is not None and cv.dist_node is not None
             # the N - 1 aggregators of every cell: their HBM work and their NVLink side
             # (their network side is the owner's, counted once as every link is)
-            agg = (
-                cv.agg_hbm / cm.bw_hbm
-                + 2.0 * (G - 1) * cv.res / cm.bw_intra
-                + cm.keys_beyond_window((G - 1) * cv.dist / cm.bw_intra)
-            )
-            total += (N - 1) * float(agg.sum())
+            keys = cm.keys_beyond_window((G - 1) * cv.dist / cm.bw_intra)
+            total += (N - 1) * float((aggregator_seconds(cm, cv) + keys).sum())
     return total
 
 

@@ -463,9 +463,6 @@ class CostModel:
         lo = np.array([c[1] for c in cells], dtype=np.int64)
         w = np.array([c[2] - c[1] for c in cells], dtype=np.float64)
         B, b, W = self.B, self.b, self.W
-        extra: dict[str, np.ndarray | None] = dict.fromkeys(
-            ("res_node", "dist_node", "agg_hbm", "agg_buf")
-        )
         qj, ulj, ugj, rsj = q[j], ul[j], ug[j], rs[j]
         row_access = np.maximum(w * tf.elem, K.SMALL_VECTOR_BYTES)
         grad_access = np.maximum(w * K.WIRE_ELEMENT_BYTES, K.SMALL_VECTOR_BYTES)
@@ -503,16 +500,6 @@ class CostModel:
             hbm_all = float(per_req.sum()) + 2.0 * b * tf.outputs * K.WIRE_ELEMENT_BYTES * tf.dim
             buf_own = recv * (K.KEY_BYTES + vec)
             buf_all = float((ulj * (K.KEY_BYTES + vec)).sum()) + b * tf.outputs * 4 * tf.dim
-            if node_dedup:
-                # an aggregator: dedup of the G requests it holds, the forward gather and
-                # copy per request, the backward read and add per request
-                agg = G * ulj
-                extra = {
-                    "res_node": unj * vec,
-                    "dist_node": unj * K.KEY_BYTES,
-                    "agg_hbm": agg * (4 * K.KEY_BYTES + 4 * vec),
-                    "agg_buf": (agg + unj) * (K.KEY_BYTES + vec),
-                }
         else:
             raise ValueError(kind)
         cv = CellValues(
@@ -528,17 +515,18 @@ class CostModel:
             hbm_all=hbm_all,
             buf_all=buf_all,
             node_dedup=node_dedup,
-            res_node=extra["res_node"],
-            dist_node=extra["dist_node"],
-            agg_hbm=extra["agg_hbm"],
-            agg_buf=extra["agg_buf"],
         )
         if node_dedup:
-            assert cv.res_node is not None and cv.dist_node is not None
-            assert cv.agg_hbm is not None and cv.agg_buf is not None
+            # an aggregator: dedup of the G requests it holds, the forward gather and copy
+            # per request, the backward read and add per request
+            agg = self.G * ulj
+            cv.res_node = res_node = unj * vec
+            cv.dist_node = dist_node = unj * K.KEY_BYTES
+            cv.agg_hbm = agg_hbm = agg * (4 * K.KEY_BYTES + 4 * vec)
+            cv.agg_buf = agg_buf = (agg + unj) * (K.KEY_BYTES + vec)
             z = np.zeros_like(cv.res)
-            cv.hub_res = np.stack([cv.res, cv.res_node, z, z, cv.agg_hbm, cv.agg_buf], axis=1)
-            cv.hub_dist = np.stack([z, z, cv.dist, cv.dist_node, z, z], axis=1)
+            cv.hub_res = np.stack([cv.res, res_node, z, z, agg_hbm, agg_buf], axis=1)
+            cv.hub_dist = np.stack([z, z, cv.dist, dist_node, z, z], axis=1)
         self._cells[key] = cv
         return cv
 
@@ -1044,6 +1032,9 @@ def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> 
     With `hierarchical` (rb only, several nodes) the owner sends its partials over NVLink
     to the rail peers of its node, and each rank of the node sends its rail's share over
     its own NIC: the owner keeps the NVLink part and one rank's share of the network part.
+    Hierarchical ub cells (`CellValues.node_dedup`) talk to their node's requesters and to
+    one aggregator per other node; what they put on each aggregator is
+    `aggregator_seconds`.
 
     A cell's keys count only beyond the dense compute window (`CostModel.key_window`), as
     if they were the only keys of its owner (the rank's keys share the window:
@@ -1054,6 +1045,15 @@ def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> 
     if got is None:
         got = cv.owner[hier] = _owner_seconds(cm, cv, hier)
     return got
+
+
+def aggregator_seconds(cm: CostModel, cv: CellValues) -> np.ndarray:
+    """Seconds a hierarchical ub cell puts on each of its aggregators besides their
+    network side (which is the owner's): HBM work and the vectors and gradients they
+    exchange with their node over NVLink. Their NVLink keys are apart (they hide under the
+    dense compute window with the rest of the rank's keys)."""
+    assert cv.agg_hbm is not None
+    return cv.agg_hbm / cm.bw_hbm + 2.0 * (cm.G - 1) * cv.res / cm.bw_intra
 
 
 def _owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool) -> np.ndarray:

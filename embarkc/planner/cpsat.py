@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
-from embarkc.planner.cost import CostModel, RankState
+from embarkc.planner.cost import CostModel, RankState, aggregator_seconds
 from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node, unit_cells
 from embarkc.planner.types import Layout, Placement
 
@@ -323,9 +323,8 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             # share of the network side); the aggregators' HBM work and NVLink sends
             # follow the owner's local index (`rail`)
             assert cv.dist_node is not None and cv.res_node is not None
-            assert cv.agg_hbm is not None
             n1 = cm.nodes - 1
-            rail += cv.agg_hbm / cm.bw_hbm + 2.0 * (G - 1) * cv.res / cm.bw_intra
+            rail += aggregator_seconds(cm, cv)
             parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
             parts["dist_inter"] += n1 * cv.dist_node / cm.bw_inter
             other["dist_intra"] += cv.dist / cm.bw_intra

@@ -709,7 +709,7 @@ class Search:
         return out
 
     def _kind_comm(self, kind: str) -> str:
-        return self.ub_comm if kind == "ub" else default_comm(self.cm, kind)
+        return kind_comm(self.cm, kind, self.ub_comm)
 
     def _comm(self, current: str = "flat") -> str:
         if self.comm_mode != "auto":
@@ -946,8 +946,13 @@ def _start(
             out[u.name] = Decision("dp")
         else:
             r, c = initial_grid(cm, u)
-            out[u.name] = Decision(k, r, c, ub_comm if k == "ub" else default_comm(cm, k))
+            out[u.name] = Decision(k, r, c, kind_comm(cm, k, ub_comm))
     return out
+
+
+def kind_comm(cm: CostModel, kind: str, ub_comm: str) -> str:
+    """The communication of a sharded unit of `kind` in a search whose ub is `ub_comm`."""
+    return ub_comm if kind == "ub" else default_comm(cm, kind)
 
 
 def _kind_of(kinds: dict[str, str], u: Unit) -> str:
