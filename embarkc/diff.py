@@ -59,14 +59,6 @@ class Side:
         self.program = program
 
 
-def _is_plan_file(path: Path) -> bool:
-    if path.suffix == ".json":
-        return True
-    with path.open("rb") as f:
-        head = f.read(256).lstrip()
-    return head.startswith(b"{")
-
-
 def load_side(path: str) -> Side:
     """Load a plan file, or compile and plan a spec with its own options.
 
@@ -76,7 +68,9 @@ def load_side(path: str) -> Side:
     p = Path(path)
     if not p.is_file():
         raise EmbarkError.at(path, "no such file" if not p.exists() else "not a file")
-    if _is_plan_file(p):
+    from embarkc.frontend import is_plan_file
+
+    if is_plan_file(p):
         return Side(path, load_plan(p))
     from embarkc.frontend import load_program
     from embarkc.planner import plan_program, warn_ignored_constraints

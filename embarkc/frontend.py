@@ -37,6 +37,19 @@ def load_program(path: str | Path) -> ir.Program:
     return _load(text, shown, Path(path).parent, _stem(shown))
 
 
+def is_plan_file(path: str | Path) -> bool:
+    """Whether a command's input is a plan (a .json file, or one whose text starts with
+    `{`, which no spec does) rather than a spec."""
+    p = Path(path)
+    if p.suffix == ".json":
+        return True
+    try:
+        with p.open("rb") as f:
+            return f.read(256).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+    except OSError:
+        return False
+
+
 def load_program_text(text: str, filename: str = "<spec>") -> ir.Program:
     """Parse, include and lower spec text; includes resolve relative to `filename`'s folder
     (the current directory for a name like `<spec>`)."""

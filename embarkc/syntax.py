@@ -122,6 +122,8 @@ def read_source(path: Path, shown: str, limit: int = MAX_SOURCE_BYTES) -> bytes:
     with path.open("rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
+        if limit == MAX_SOURCE_BYTES:
+            reject_json(data, shown)
         raise EmbarkError(
             Diagnostic(
                 f"file is {st.st_size:,} bytes; at most {limit:,} are read",
@@ -134,8 +136,36 @@ def read_source(path: Path, shown: str, limit: int = MAX_SOURCE_BYTES) -> bytes:
     return data
 
 
+def reject_json(data: bytes, filename: str) -> None:
+    """Raise a clear EmbarkError when a spec's place holds JSON (a plan file, most often):
+    no spec starts with `{`, and the grammar's own message would only list keywords."""
+    if not data[:4096].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+        return
+    text = data.decode("utf-8", "replace")  # keys are sorted: `format` is not at the top
+    if re.search(r'"format"\s*:\s*"embark-plan"', text):
+        spec = re.search(r'"source"\s*:\s*\{[^{}]*"spec"\s*:\s*"((?:[^"\\]|\\.)*)"', text)
+        named = f" (this one was planned from `{spec.group(1)}`)" if spec else ""
+        raise EmbarkError(
+            Diagnostic(
+                "this is an embark plan file (JSON), not a spec",
+                Span.of_file(filename),
+                "`embarkc check`, `simulate`, `diff` and `report` read plans; `plan` and "
+                f"`compile` take the .embark spec a plan was made from{named}",
+            )
+        )
+    raise EmbarkError(
+        Diagnostic(
+            "this is a JSON file, not an embark spec",
+            Span.of_file(filename),
+            "a spec is written in the embark language (docs/language.md); pass the .embark file",
+        )
+    )
+
+
 def check_text(data: bytes, filename: str, limit: int = MAX_SOURCE_BYTES) -> str:
-    """Decode a spec file, rejecting what cannot be a spec (too big, binary, not UTF-8)."""
+    """Decode a spec file, rejecting what cannot be a spec (too big, binary, not UTF-8,
+    JSON)."""
+    reject_json(data, filename)
     if len(data) > limit:
         raise EmbarkError(
             Diagnostic(

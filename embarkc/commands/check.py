@@ -1,23 +1,34 @@
-"""`embarkc check SPEC...`: validate specs and print a one-screen summary of each.
+"""`embarkc check SPEC|PLAN...`: validate specs and plans, print a one-screen summary of each.
 
-Exit 0 when every spec is valid, 2 when any is not (its diagnostics on stderr; the
-other specs are still checked). `--dump ast` prints the parse tree of the root file,
-`--dump ir` the lowered `Program` as JSON, instead of the summary.
+A spec is parsed and lowered. A plan (a plan.json) is held to the plan-v1 contract
+(`embark_runtime.plan.load_plan`) and, when the spec it names (`source.spec`, relative
+to the current folder or to the plan's) is found unchanged (same sha256), to every rule
+of the independent checker `embarkc.planner.check` against that spec: the plan matches
+the program, memory fits with the spec's headroom, the spec's placement constraints
+hold (a fixed strategy's ignored constraints are warnings). Without that spec only the
+contract is checked, and the summary says so.
+
+Exit 0 when every file is valid, 2 when any is not (its diagnostics on stderr; the
+other files are still checked). `--dump ast` prints the parse tree of a spec's root
+file, `--dump ir` the lowered `Program` as JSON, instead of the summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from embarkc.diagnostics import EXIT_OK, EXIT_USER_ERROR, EmbarkError
 
-HELP = "validate specs and print a summary (tables, parameters, memory, GPUs)"
+HELP = "validate specs or plans and print a summary (tables, parameters, memory, GPUs)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.embark)")
+    p.add_argument(
+        "specs", nargs="+", metavar="SPEC|PLAN", help="spec files (.embark) or plans (.json)"
+    )
     p.add_argument(
         "--dump", choices=("ast", "ir"), help="print the parse tree or the IR (JSON) instead"
     )
@@ -65,10 +76,25 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from embarkc.frontend import dump_ast, dump_ir, load_program
+    from embark_runtime.plan import PlanError
+    from embarkc.frontend import dump_ast, dump_ir, is_plan_file, load_program
 
     status = EXIT_OK
     for spec in args.specs:
+        if Path(spec).suffix != ".embark" and is_plan_file(spec) and Path(spec).is_file():
+            try:
+                if args.dump:
+                    raise EmbarkError.at(
+                        spec, f"--dump {args.dump} is for specs; this is a plan file"
+                    )
+                _check_plan_file(spec)
+            except EmbarkError as e:
+                print(e.render(), file=sys.stderr)
+                status = EXIT_USER_ERROR
+            except PlanError as e:
+                print(str(e), file=sys.stderr)
+                status = EXIT_USER_ERROR
+            continue
         try:
             if args.dump == "ast":
                 print(dump_ast(spec))
@@ -85,13 +111,103 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+def _spec_of_plan(plan: Any, path: str) -> tuple[Any, str]:
+    """The program of the spec `plan` names when it is found unchanged, and a line that
+    says what the plan was checked against."""
+    import hashlib
+
+    from embarkc.frontend import load_program
+
+    named = plan.source.spec
+    for candidate in dict.fromkeys((Path(named), Path(path).parent / named)):
+        try:
+            data = candidate.read_bytes()
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() != plan.source.sha256:
+            return None, (
+                f"{candidate} changed since this plan was made: checked against the contract "
+                "only (re-plan the spec to check everything)"
+            )
+        program = load_program(str(candidate))
+        return program, f"{candidate} (unchanged): checked against it"
+    return None, f"{named} not found: checked against the contract only"
+
+
+def _check_plan_file(path: str) -> None:
+    """Validate the plan at `path` (EmbarkError or PlanError naming the broken rule) and
+    print its summary."""
+    from embark_runtime.plan import load_plan
+    from embarkc.planner import estimate_is_stale, warn_ignored_constraints
+    from embarkc.planner.check import check_plan
+
+    plan = load_plan(path)
+    program, against = _spec_of_plan(plan, path)
+    if program is not None:
+        fixed = plan.planner.strategy not in ("embark", "greedy")
+        check_plan(program, plan, path, constraints=not fixed)
+        if fixed:
+            warn_ignored_constraints(program, plan)
+    if estimate_is_stale(plan):
+        print(
+            f"{path}: warning: the layout was edited after embarkc costed it: its estimate "
+            "is of the layout before the edit (`embarkc simulate` counts the new one)",
+            file=sys.stderr,
+        )
+    _print_rows(f"{path}: ok", plan_summary_rows(plan, against))
+
+
+def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
+    """A plan's summary as (label, value) rows."""
+    from embarkc.units import format_bytes
+
+    topo = plan.topology
+    kinds: dict[str, int] = {}
+    for c in plan.clusters:
+        label = c.kind + (f" {c.communication}" if c.communication else "")
+        label += f" {c.gradient_exchange}" if c.gradient_exchange else ""
+        kinds[label] = kinds.get(label, 0) + len(c.tables)
+    clusters = ", ".join(f"{k} {n} table{'s' if n != 1 else ''}" for k, n in kinds.items())
+    mem = plan.memory_by_rank()
+    worst = max(range(len(mem)), key=lambda r: (mem[r], -r))
+    est = plan.estimate
+    slow = max(est.per_rank, key=lambda r: (r.time, -r.rank), default=None)
+    critical = f" (critical rank {slow.rank})" if slow is not None else ""
+    info = plan.planner
+    return [
+        ("spec", against),
+        (
+            "GPUs",
+            f"{topo.world_size} = {topo.nodes} node{'s' if topo.nodes != 1 else ''} x "
+            f"{topo.gpus_per_node}, {topo.arch}",
+        ),
+        (
+            "tables",
+            f"{len(plan.tables)} in {len(plan.clusters)} cluster"
+            f"{'s' if len(plan.clusters) != 1 else ''} ({clusters})",
+        ),
+        ("shards", f"{len(plan.shards)}"),
+        ("batch", f"{plan.batch_size:,} ({plan.batch_size // topo.world_size:,} per GPU)"),
+        ("step time", f"{est.step_time * 1e3:.3f} ms estimated{critical}"),
+        (
+            "memory",
+            f"at most {format_bytes(mem[worst])} of weights and state on a GPU (rank "
+            f"{worst}) of {format_bytes(topo.hbm_bytes)}",
+        ),
+        ("planner", f"strategy {info.strategy}, solver {info.solver}, status {info.status}"),
+    ]
+
+
 def _print_summary(spec: str, program: Any) -> None:
-    rows = summary_rows(program)
+    _print_rows(f"{spec}: ok", summary_rows(program))
+
+
+def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"{spec}: ok", show_header=False, title_justify="left")
+        table = Table(title=title, show_header=False, title_justify="left")
         table.add_column(style="bold")
         table.add_column()
         for label, value in rows:
@@ -99,6 +215,6 @@ def _print_summary(spec: str, program: Any) -> None:
         Console().print(table)
         return
     width = max(len(label) for label, _ in rows)
-    print(f"{spec}: ok")
+    print(title)
     for label, value in rows:
         print(f"  {label:<{width}}  {value}")

@@ -33,23 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all-ranks", action="store_true", help="print every rank")
 
 
-def _is_plan(path: str) -> bool:
-    if path.endswith(".json"):
-        return True
-    try:
-        with open(path, "rb") as f:
-            return f.read(64).lstrip().startswith(b"{")
-    except OSError:
-        return False
-
-
 def load_target(args: argparse.Namespace) -> Any:
     """The plan to simulate: loaded from a plan file, or planned from a spec."""
     from embarkc.diagnostics import EmbarkError
 
     if not Path(args.target).exists():
         raise EmbarkError.at(args.target, "no such file")
-    if _is_plan(args.target):
+    from embarkc.frontend import is_plan_file
+
+    if is_plan_file(args.target):
         from embark_runtime.plan import load_plan
 
         return load_plan(args.target)

@@ -1,0 +1,133 @@
+"""`embarkc check PLAN`: a plan held to the contract and, when its spec is there unchanged,
+to every rule of the independent checker; a plan given where a spec belongs is named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from embark_runtime.plan import load_plan
+from embarkc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "specs" / "tiny.embark"
+
+
+@pytest.fixture
+def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """tiny.embark copied into tmp_path (the current folder) and its greedy plan."""
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "tiny.embark"
+    shutil.copy(TINY, spec)
+    assert main(["plan", "tiny.embark", "--solver", "greedy", "-o", "plan.json"]) == 0
+    return spec, tmp_path / "plan.json"
+
+
+def test_a_plan_is_checked_against_its_spec_and_summarised(planned, capsys) -> None:
+    spec, path = planned
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    plan = load_plan(path)
+    assert f"{path}: ok" in out
+    assert "tiny.embark (unchanged): checked against it" in out
+    assert f"{plan.estimate.step_time * 1e3:.3f} ms estimated" in out
+    assert f"{len(plan.tables)} in {len(plan.clusters)} cluster" in out
+    assert f"shards     {len(plan.shards)}" in out
+    assert "4 = 2 nodes x 2, sm_80" in out
+
+
+def test_a_hand_edit_that_breaks_the_spec_is_named(planned, capsys) -> None:
+    _, path = planned
+    data = json.loads(path.read_text())
+    data["features"][0]["hotness"] += 1
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid plan (matches-program)" in err and "hotness" in err
+    assert "Traceback" not in err
+
+
+def test_without_its_spec_only_the_contract_is_checked(planned, capsys) -> None:
+    spec, path = planned
+    spec.write_text(spec.read_text() + "\n# edited\n")
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    assert "changed since this plan was made: checked against the contract only" in (
+        capsys.readouterr().out
+    )
+    spec.unlink()
+    assert main(["check", str(path)]) == 0
+    assert "tiny.embark not found: checked against the contract only" in capsys.readouterr().out
+
+
+def test_a_stale_estimate_is_a_warning(planned, capsys) -> None:
+    _, path = planned
+    data = json.loads(path.read_text())
+    # swap the ranks of two equal cells of one table: still valid, the estimate now stale
+    by_table: dict[str, list[dict]] = {}
+    for shard in data["shards"]:
+        by_table.setdefault(shard["table"], []).append(shard)
+    a, b = next(cells for cells in by_table.values() if len(cells) == 2)
+    assert a["rank"] != b["rank"]
+    a["rank"], b["rank"] = b["rank"], a["rank"]
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "warning: the layout was edited after embarkc costed it" in captured.err
+    assert f"{path}: ok" in captured.out
+
+
+def test_a_corrupt_plan_is_named_and_the_other_files_still_checked(planned, capsys) -> None:
+    spec, path = planned
+    bad = path.with_name("bad.json")
+    text = path.read_text()
+    assert text.count('"clusters": [') == 1
+    bad.write_text(text.replace('"clusters": [', '"clusters": [}'))
+    capsys.readouterr()
+    assert main(["check", str(bad), str(path), str(spec)]) == 2
+    captured = capsys.readouterr()
+    assert f"{bad}: error: invalid plan (json): not valid JSON" in captured.err
+    assert f"{path}: ok" in captured.out and f"{spec}: ok" in captured.out
+    assert main(["check", "--dump", "ir", str(path)]) == 2
+    assert "--dump ir is for specs; this is a plan file" in capsys.readouterr().err
+
+
+def test_a_fixed_strategy_plan_warns_at_the_constraints_it_ignores(tmp_path, capsys) -> None:
+    spec = tmp_path / "pinned.embark"
+    text = TINY.read_text()
+    assert text.count("plan {\n") == 1
+    spec.write_text(text.replace("plan {\n", "plan {\n  table item { within_node }\n"))
+    path = tmp_path / "rw.json"
+    assert main(["plan", str(spec), "--strategy", "row-wise", "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "the fixed strategy row-wise ignores this constraint" in captured.err
+    assert f"{path}: ok" in captured.out
+
+
+@pytest.mark.parametrize("command", ["plan", "compile", "fmt"])
+def test_a_plan_where_a_spec_belongs_is_named(planned, capsys, command) -> None:
+    _, path = planned
+    capsys.readouterr()
+    extra = ["-o", "out"] if command == "compile" else []
+    assert main([command, str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert "this is an embark plan file (JSON), not a spec" in err
+    assert "(this one was planned from `tiny.embark`)" in err
+    assert "expected one of" not in err and "Traceback" not in err
+    assert not Path("out").exists()
+
+
+def test_json_that_is_no_plan_is_not_parsed_as_a_spec(tmp_path, capsys) -> None:
+    other = tmp_path / "x.embark"
+    other.write_text('{"rows": 10}\n')
+    assert main(["check", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "this is a JSON file, not an embark spec" in err
