@@ -169,3 +169,15 @@ def test_dump_prints_each_stage_and_stops(tmp_path, capsys):
     text = capsys.readouterr().out
     assert parse_plan(text).planner.solver == "greedy"
     assert not out.exists(), "--dump stops before writing"
+
+
+def test_bad_solver_options_are_named_before_any_work(capsys):
+    for command in ("plan", "simulate", "compile"):
+        extra = ["-o", "never"] if command == "compile" else []
+        assert main([command, TINY, "--time-limit", "-1", *extra]) == 2
+        assert "--time-limit must be positive, got -1" in capsys.readouterr().err
+        assert main([command, TINY, "--time-limit", "nan", *extra]) == 2
+        assert "--time-limit must be positive, got nan" in capsys.readouterr().err
+        assert main([command, TINY, "--seed", "-2", *extra]) == 2
+        assert "--seed must not be negative, got -2" in capsys.readouterr().err
+    assert not Path("never").exists()

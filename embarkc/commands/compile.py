@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from embarkc.commands import check_planner_options
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
 
@@ -42,10 +43,7 @@ def run(args: argparse.Namespace) -> int:
     spec = args.spec
     if args.dump is None and not args.output:
         raise EmbarkError.at(spec, "no output folder", hint="pass -o DIR (or --dump ast|ir|plan)")
-    if args.time_limit is not None and args.time_limit <= 0:
-        raise EmbarkError.at(spec, "--time-limit must be positive")
-    if args.seed is not None and args.seed < 0:
-        raise EmbarkError.at(spec, "--seed must not be negative")
+    check_planner_options(args, spec)
     if args.dump == "ast":
         print(dump_ast(spec))
         return 0

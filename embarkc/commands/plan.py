@@ -47,10 +47,12 @@ def _gib(x: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from embarkc.commands import check_planner_options
     from embarkc.diagnostics import EmbarkError
     from embarkc.frontend import dump_ast, dump_ir, load_program
     from embarkc.planner import plan_program, plan_to_json, warn_ignored_constraints
 
+    check_planner_options(args, args.spec)
     if args.dump == "ast":
         print(dump_ast(args.spec))
         return EXIT_OK

@@ -61,11 +61,13 @@ def load_target(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from embarkc.commands import check_planner_options
     from embarkc.diagnostics import EmbarkError
     from embarkc.simulate import compare_with_estimate, simulate
 
     if args.batches < 1:
         raise EmbarkError.at(args.target, f"--batches must be at least 1, got {args.batches}")
+    check_planner_options(args, args.target)
     plan = load_target(args)
 
     def progress(step: int, total: int) -> None:
