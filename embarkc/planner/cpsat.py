@@ -44,7 +44,9 @@ the full model's rank times. What is not exact: the ranks outside (their far sid
 not variables), keys of several cells of one row shard on one rank (the full model sends
 them once) and options measured one at a time. Every solution is re-costed by the full
 model and accepted when it lowers the 16-norm of the rank times (the greedy's descent
-criterion) or the step time.
+criterion) or the step time. The makespan a solve reports is the model's value of its
+solution (every link at the larger of its bounds): `T` and the `z` are only bounded
+below, and a solve that stops within its gap may leave them above it.
 
 Neighbourhoods (large-neighbourhood search), of two kinds in turn: the critical rank, the
 ranks of the units on it, the lightest ranks and seeded random others; or the same
@@ -233,6 +235,23 @@ def _shared_seconds(st: RankState) -> float:
             t = t - side
     # the key phase counts only beyond the dense compute window (RankState.components)
     return float((t - cm.keys_beyond_window(keys)).max())
+
+
+def _makespan(
+    solver: Any, rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]], window_ns: int
+) -> int:
+    """The model's makespan of the free ranks in the solver's solution (ns): each link at
+    the larger of its two bounds, the keys beyond the window. `T` and the links' `z` are
+    only bounded below, and a solve stopped within its gap may leave them above that."""
+    out = 0
+    for rest, bounds in rank_exprs.values():
+        side = {
+            k: max(int(solver.value(near)), int(solver.value(far)))
+            for k, (near, far) in bounds.items()
+        }
+        keys = max(side["dist_intra"] + side["dist_inter"] - window_ns, 0)
+        out = max(out, int(solver.value(rest)) + side["res_intra"] + side["res_inter"] + keys)
+    return out
 
 
 def _clone(st: RankState) -> RankState:
@@ -720,21 +739,28 @@ class _Refiner:
                 rail_sum[l_] = sum(
                     c * v for a in ranks_f if int(li[a]) == l_ for c, v in rail_terms[a]
                 )
+        # per free rank: its time less its links, and each link's two bounds (what the
+        # solution's makespan is evaluated from: T and the z are only bounded below)
+        rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]] = {}
         for a in ranks_f:
             # each link costs its busier side: the owner side (fixed part plus the cells
             # placed here) or the other side (fixed part plus the cells on the other ranks
             # of the node, for intra-node links, or on the other nodes)
             zs = {}
+            bounds = {}
             for k in LINKS:
                 z = m.new_int_var(0, top + 1, f"z_{k}_{a}")
                 v0 = int(var_ns[k][a] - cur_part[k][a])
                 w0 = int(fix_ns[k][a] - cur_other[k][a])
                 here = node_sum[k, int(cm.node_of[a])]
                 if k.endswith("intra"):
-                    m.add(z >= w0 + here - own_oth[k, a])
+                    far = w0 + here - own_oth[k, a]
                 else:
-                    m.add(z >= w0 + sum(node_sum[k, n] for n in f_nodes) - here)
-                m.add(z >= v0 + sum(c * v for c, v in terms[k][a]))
+                    far = w0 + sum(node_sum[k, n] for n in f_nodes) - here
+                near = v0 + sum(c * v for c, v in terms[k][a])
+                m.add(z >= far)
+                m.add(z >= near)
+                bounds[k] = (near, far)
                 z_hints.append((z, int(side_now[k][a])))
                 zs[k] = z
             # the key phase beyond the dense compute window (RankState.components)
@@ -746,6 +772,7 @@ class _Refiner:
                 # it aggregates the cells of its rail's other ranks (all on other nodes)
                 hbm = hbm + rail_sum[int(li[a])] - sum(c * v for c, v in rail_terms[a])
             m.add(int(base_ns[a]) + uload + hbm + zs["res_intra"] + zs["res_inter"] + key <= T)
+            rank_exprs[a] = (int(base_ns[a]) + uload + hbm, bounds)
             m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
         out_t = 0
         if out_f.any():
@@ -825,7 +852,7 @@ class _Refiner:
         return (
             name,
             chosen,
-            solver.value(T) / TIME_SCALE,
+            _makespan(solver, rank_exprs, window_ns) / TIME_SCALE,
             # a bound on T: objective = weight * T - kept >= bound, kept <= len(stay)
             max(0.0, solver.best_objective_bound / weight) / TIME_SCALE,
             dt,
