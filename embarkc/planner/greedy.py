@@ -143,7 +143,7 @@ round where the critical rank holds many cells: T510 on 32 GPUs 12.634 ms, 12.62
 swap with column cells of other tables: a rank whose links receive more than they send
 carries more results for nothing, and one whose HBM is busy sheds lookups). It keeps
 the column cells of one row shard on distinct ranks. On the paper's programs of up to
-FOUR_START_UNITS units it gains up to 0.5 % (DCNv2 on 128 GPUs 0.636 -> 0.634 ms, T180
+FOUR_START_UNITS units it gains up to 0.5 % (DCNv2 on 128 GPUs 0.636 -> 0.633 ms, T180
 on 128 GPUs 4.199 -> 4.184)."""
 
 REBALANCE_TARGETS = 16
