@@ -21,7 +21,15 @@ from lark import Token, Tree
 from embarkc import ir
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.lower import SourceFile, lower
-from embarkc.syntax import check_text, parse, parts, read_source, span_of
+from embarkc.syntax import (
+    JSON_HEAD_BYTES,
+    check_text,
+    looks_like_json,
+    parse,
+    parts,
+    read_source,
+    span_of,
+)
 
 MAX_INCLUDED_FILES = 256
 
@@ -45,7 +53,7 @@ def is_plan_file(path: str | Path) -> bool:
         return True
     try:
         with p.open("rb") as f:
-            return f.read(256).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+            return looks_like_json(f.read(JSON_HEAD_BYTES))
     except OSError:
         return False
 

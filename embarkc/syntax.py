@@ -136,10 +136,20 @@ def read_source(path: Path, shown: str, limit: int = MAX_SOURCE_BYTES) -> bytes:
     return data
 
 
+JSON_HEAD_BYTES = 4096
+"""How much of a file `looks_like_json` reads."""
+
+
+def looks_like_json(head: bytes) -> bool:
+    """Whether a file's first bytes open a JSON object (after a BOM and white space): no
+    spec starts with `{`, so such a file is a plan (or other JSON), never a spec."""
+    return head[:JSON_HEAD_BYTES].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+
+
 def reject_json(data: bytes, filename: str) -> None:
-    """Raise a clear EmbarkError when a spec's place holds JSON (a plan file, most often):
-    no spec starts with `{`, and the grammar's own message would only list keywords."""
-    if not data[:4096].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+    """Raise a clear EmbarkError when a spec's place holds JSON (a plan file, most often),
+    where the grammar's own message would only list keywords."""
+    if not looks_like_json(data):
         return
     text = data.decode("utf-8", "replace")  # keys are sorted: `format` is not at the top
     if re.search(r'"format"\s*:\s*"embark-plan"', text):
