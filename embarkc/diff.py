@@ -542,28 +542,26 @@ def diff_sides(a: Side, b: Side) -> PlanDiff:
         prog_a = prog_b
     if prog_b is None and prog_a is not None and _same_tables(b.plan, prog_a):
         prog_b = prog_a
-    prog_a = prog_a or program_of_plan(a.plan)
-    prog_b = prog_b or program_of_plan(b.plan)
+    prog_a = prog_a or program_of_plan(a.plan, a.label)
+    prog_b = prog_b or program_of_plan(b.plan, b.label)
     va, vb = view_of(a.plan, prog_a), view_of(b.plan, prog_b)
     return diff_views(a.label, a.plan, va, b.label, b.plan, vb, a.program, b.program)
 
 
-def program_of_plan(plan: Plan) -> Program | None:
+def program_of_plan(plan: Plan, plan_path: str | None = None) -> Program | None:
     """The program behind `plan` when it needs one to be costed (its estimate lacks our
-    fields or is stale) and the spec it names is there, unchanged (same sha256); None
-    otherwise. Never raises: a spec that no longer loads is as good as a missing one."""
-    import hashlib
-
+    fields or is stale) and the spec it names is there, unchanged (same sha256; looked
+    for from the current folder, then from `plan_path`'s folder); None otherwise. Never
+    raises: a spec that no longer loads is as good as a missing one."""
+    from embarkc.frontend import find_plan_spec, load_program
     from embarkc.planner import estimate_is_stale
 
     if not _lacks_our_fields(plan) and not estimate_is_stale(plan):
         return None
-    spec = Path(plan.source.spec)
+    spec, state = find_plan_spec(plan, plan_path)
+    if state != "unchanged":
+        return None
     try:
-        if hashlib.sha256(spec.read_bytes()).hexdigest() != plan.source.sha256:
-            return None
-        from embarkc.frontend import load_program
-
         program = load_program(str(spec))
     except (OSError, EmbarkError):
         return None
@@ -962,9 +960,10 @@ def _cost_source_note(s: Summary) -> str:
         (
             "stale",
             "was edited after embarkc costed it (its estimate is of another layout) and the "
-            "spec it names (source.spec, relative to where it was planned) was not found "
-            "unchanged to re-cost it: its times are those of the layout before the edit, its "
-            "memory is exact. Run the diff where that spec is found to see the new costs.",
+            "spec it names (source.spec, relative to where it was planned; looked for from "
+            "here and from the plan's folder) was not found unchanged to re-cost it: its "
+            "times are those of the layout before the edit, its memory is exact. Run the diff "
+            "where that spec is found to see the new costs.",
         ),
     ):
         sides = [n for n, src in (("A", s.cost_source_a), ("B", s.cost_source_b)) if src == kind]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 from lark import Token, Tree
 
@@ -56,6 +57,25 @@ def is_plan_file(path: str | Path) -> bool:
             return looks_like_json(f.read(JSON_HEAD_BYTES))
     except OSError:
         return False
+
+
+def find_plan_spec(plan: Any, plan_path: str | Path | None = None) -> tuple[Path, str]:
+    """Where the spec a plan was made from (`source.spec`, relative to where it was
+    planned) is, and in what state: `"unchanged"` (same sha256 as the plan records),
+    `"changed"` or `"missing"`. It is looked for from the current folder, then from the
+    plan file's folder; the first file found decides."""
+    named = Path(plan.source.spec)
+    candidates = [named]
+    if plan_path is not None and not named.is_absolute():
+        candidates.append(Path(plan_path).parent / named)
+    for candidate in dict.fromkeys(candidates):
+        try:
+            data = candidate.read_bytes()
+        except OSError:
+            continue
+        same = hashlib.sha256(data).hexdigest() == plan.source.sha256
+        return candidate, "unchanged" if same else "changed"
+    return named, "missing"
 
 
 def load_program_text(text: str, filename: str = "<spec>") -> ir.Program:

@@ -218,3 +218,34 @@ def test_a_hand_edited_plan_is_recosted_from_its_spec_or_marked_stale(tmp_path, 
     assert "STALE" in page.read_text()
     assert main(["simulate", str(b), "--batches", "1"]) == 0
     assert "edited after embarkc costed it" in capsys.readouterr().err
+
+
+def test_a_hand_edited_plan_finds_its_spec_beside_it(tmp_path, monkeypatch):
+    """A plan made with a relative spec name is re-costed when the diff runs elsewhere and
+    the spec is in the plan's folder (as `embarkc check` finds it)."""
+    from embark_runtime.plan import load_plan
+    from embarkc.frontend import find_plan_spec, load_program
+    from embarkc.planner.cost import CostModel
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _spec(work, "s", BASE % "")
+    monkeypatch.chdir(work)
+    assert main(["plan", "s.embark", "-o", "a.json"]) == 0
+    _edited(work / "a.json", work / "b.json")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    b = load_plan(work / "b.json")
+    assert b.source.spec == "s.embark"
+    assert find_plan_spec(b) == (Path("s.embark"), "missing")
+    assert find_plan_spec(b, work / "b.json") == (work / "s.embark", "unchanged")
+    truth = CostModel(load_program(str(work / "s.embark"))).evaluate(b)["step_time"]
+    d = diff.diff_sides(diff.load_side(str(work / "a.json")), diff.load_side(str(work / "b.json")))
+    assert d.summary.cost_source_b == "cost model"
+    assert d.summary.step_time.b == pytest.approx(truth)
+    # an edited spec beside the plan is "changed", and the diff marks B stale
+    (work / "s.embark").write_text((BASE % "").replace("seed 0", "seed 1"))
+    assert find_plan_spec(b, work / "b.json") == (work / "s.embark", "changed")
+    d = diff.diff_sides(diff.load_side(str(work / "a.json")), diff.load_side(str(work / "b.json")))
+    assert d.summary.cost_source_b == "stale"

@@ -114,24 +114,17 @@ def run(args: argparse.Namespace) -> int:
 def _spec_of_plan(plan: Any, path: str) -> tuple[Any, str]:
     """The program of the spec `plan` names when it is found unchanged, and a line that
     says what the plan was checked against."""
-    import hashlib
+    from embarkc.frontend import find_plan_spec, load_program
 
-    from embarkc.frontend import load_program
-
-    named = plan.source.spec
-    for candidate in dict.fromkeys((Path(named), Path(path).parent / named)):
-        try:
-            data = candidate.read_bytes()
-        except OSError:
-            continue
-        if hashlib.sha256(data).hexdigest() != plan.source.sha256:
-            return None, (
-                f"{candidate} changed since this plan was made: checked against the contract "
-                "only (re-plan the spec to check everything)"
-            )
-        program = load_program(str(candidate))
-        return program, f"{candidate} (unchanged): checked against it"
-    return None, f"{named} not found: checked against the contract only"
+    spec, state = find_plan_spec(plan, path)
+    if state == "changed":
+        return None, (
+            f"{spec} changed since this plan was made: checked against the contract "
+            "only (re-plan the spec to check everything)"
+        )
+    if state == "missing":
+        return None, f"{spec} not found: checked against the contract only"
+    return load_program(str(spec)), f"{spec} (unchanged): checked against it"
 
 
 def _check_plan_file(path: str) -> None:

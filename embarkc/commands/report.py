@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         side = diff.load_side(args.input)
     except PlanError as e:
         raise diff.plan_error_to_embark(e) from None
-    program = side.program or diff.program_of_plan(side.plan)
+    program = side.program or diff.program_of_plan(side.plan, side.label)
     data = report.report_data(side.plan, program, label=args.input)
     report.write_report(data, out)
     print(f"wrote {out}")
