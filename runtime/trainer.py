@@ -50,6 +50,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -236,6 +237,38 @@ def _check_args(args: argparse.Namespace) -> None:
         )
     if args.data is not None and not args.data.exists():
         raise TrainerError(f"--data {args.data}: no such file")
+    # outputs are checked before training, not when the first write fails hours later
+    for flag, path, folder in (
+        ("--export-embeddings", args.export_embeddings, False),
+        ("--log-json", args.log_json, False),
+        ("--checkpoint-dir", args.checkpoint_dir, True),
+    ):
+        if path is not None:
+            _check_output(flag, path, folder)
+
+
+def _check_output(flag: str, path: Path, folder: bool) -> None:
+    """TrainerError when `path` (a file, or a folder with `folder`) cannot be written: it
+    is of the other kind, or the folder it would go in is a file or not writable."""
+    if path.exists():
+        if folder and not path.is_dir():
+            raise TrainerError(f"{flag} {path}: exists and is not a folder")
+        if not folder and path.is_dir():
+            raise TrainerError(f"{flag} {path}: is a folder (give a file name in it)")
+        if not os.access(path, os.W_OK):
+            raise TrainerError(f"{flag} {path}: not writable")
+    parent = path if folder and path.exists() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TrainerError(f"{flag} {path}: {parent} is not a folder")
+    try:  # the one test that also holds for root and read-only or special file systems
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise TrainerError(
+            f"{flag} {path}: cannot create files in {parent} ({e.strerror or e})"
+        ) from None
 
 
 def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
@@ -328,9 +361,12 @@ class _Log:
         self.tty = sys.stdout.isatty()
         self.json: TextIO | None = None
         if enabled and json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            # append: a restarted group continues the same log
-            self.json = json_path.open("a", buffering=1)
+            try:
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                # append: a restarted group continues the same log
+                self.json = json_path.open("a", buffering=1)
+            except OSError as e:
+                raise TrainerError(f"--log-json {json_path}: {e.strerror or e}") from None
 
     def say(self, text: str) -> None:
         if self.enabled:
@@ -379,11 +415,12 @@ def _mib(n: float) -> str:
 
 
 def export_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
-    """Write `tables` ([rows, dim] float arrays by name) atomically, by the file's suffix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `tables` ([rows, dim] float arrays by name) atomically, by the file's suffix
+    (TrainerError when the file system refuses; an older file stays whole)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     arrays = {k: np.ascontiguousarray(v) for k, v in tables.items()}
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":
             from safetensors.numpy import save_file
 
@@ -392,8 +429,13 @@ def export_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
             with tmp.open("wb") as f:
                 np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
+    except OSError as e:
+        raise TrainerError(f"--export-embeddings {path}: cannot write: {e.strerror or e}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # its folder is not there either
 
 
 def load_exported(path: Path) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embark_runtime.plan import (
@@ -254,6 +255,56 @@ def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
 def test_trainer_option_mistakes_are_reported_cleanly(out_a, monkeypatch, capsys, args, message):
     code, err = _train(out_a, monkeypatch, capsys, *args)
     assert code == 2 and message in err
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_training(
+    out_a, tmp_path, monkeypatch, capsys
+):
+    """Every output path is tested before the first step (not when the write fails at the
+    end of a long run), and nothing is created by the test."""
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "dir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (
+            ["--export-embeddings", "file/t.npz"],
+            "--export-embeddings file/t.npz: file is not a folder",
+        ),
+        (
+            ["--export-embeddings", "dir/x/t.npz", "--log-json", "dir"],
+            "--log-json dir: is a folder",
+        ),
+        (["--log-json", "file/deeper/log.jsonl"], "file is not a folder"),
+        (["--checkpoint-dir", "file"], "--checkpoint-dir file: exists and is not a folder"),
+        (["--export-embeddings", "/proc/t.npz"], "cannot create files in /proc"),
+    ]
+    for args, message in cases:
+        # checked before the launch itself (the sharded run needs torchrun)
+        mode = [] if "--checkpoint-dir" in args else ["--reference"]
+        code, err = _train(out_a, monkeypatch, capsys, *mode, "--steps", "1", *args)
+        assert code == 2 and message in err, (args, err)
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"]
+    assert list((tmp_path / "dir").iterdir()) == [] and (tmp_path / "file").read_text() == "keep"
+
+
+def test_an_export_the_file_system_refuses_at_the_end_is_a_clean_error(tmp_path):
+    from embark_runtime.trainer import TrainerError, export_tables
+
+    (tmp_path / "file").write_text("keep")
+    with pytest.raises(TrainerError, match="cannot write"):
+        export_tables(tmp_path / "file" / "t.npz", {"t": np.zeros((2, 4), np.float32)})
+    old = tmp_path / "t.npz"
+    export_tables(old, {"t": np.ones((2, 4), np.float32)})
+    os.chmod(tmp_path, 0o500)
+    try:
+        if os.access(tmp_path, os.W_OK):  # root writes anyway
+            return
+        with pytest.raises(TrainerError, match="cannot write"):
+            export_tables(old, {"t": np.zeros((2, 4), np.float32)})
+    finally:
+        os.chmod(tmp_path, 0o700)
+    assert np.load(old)["t"].sum() == 8  # the older export stays whole
 
 
 def test_an_unknown_numerics_is_refused_by_the_parser(out_a, monkeypatch, capsys):

@@ -181,3 +181,22 @@ def test_bad_solver_options_are_named_before_any_work(capsys):
         assert main([command, TINY, "--seed", "-2", *extra]) == 2
         assert "--seed must not be negative, got -2" in capsys.readouterr().err
     assert not Path("never").exists()
+
+
+def test_an_output_that_cannot_be_written_is_a_user_error(tmp_path, capsys):
+    """-o naming a folder is refused before planning; a path that cannot be written says
+    so (exit 2, no traceback) and leaves the old plan and no temporary file behind."""
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    assert main(["plan", TINY, "--solver", "greedy", "-o", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the plan: it is a folder" in err and "plan.json" in err
+    assert "internal error" not in err
+    assert list(folder.iterdir()) == []
+    # a file where a folder of the path should be: the write fails after planning
+    (tmp_path / "file").write_text("keep")
+    assert main(["plan", TINY, "--solver", "greedy", "-o", str(tmp_path / "file" / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the plan:" in err and "internal error" not in err
+    assert (tmp_path / "file").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "plans"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from embarkc.diagnostics import EXIT_OK
@@ -68,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
             f"--explain: no table `{args.explain}`",
             hint=did_you_mean(args.explain, program.table_by_name),
         )
+    if args.output and args.dump is None and Path(args.output).is_dir():
+        # say it before planning (a CP-SAT search can take its whole time limit)
+        raise EmbarkError.at(
+            args.output,
+            "cannot write the plan: it is a folder",
+            hint=f"give -o a file path, e.g. {Path(args.output) / 'plan.json'}",
+        )
     start = time.perf_counter()
     kwargs = dict(
         strategy=args.strategy, solver=args.solver, time_limit=args.time_limit, seed=args.seed
@@ -89,11 +97,16 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(plan_to_json(plan))
         return EXIT_OK
     if args.output:
-        from pathlib import Path
-
         from embarkc.emit import atomic_write
 
-        atomic_write(Path(args.output), plan_to_json(plan).encode())
+        try:
+            atomic_write(Path(args.output), plan_to_json(plan).encode())
+        except OSError as e:
+            raise EmbarkError.at(
+                args.output,
+                f"cannot write the plan: {e.strerror or e}",
+                hint="give -o a file path in a folder you can write to",
+            ) from None
     _print(plan, wall, args.output)
     if args.explain:
         _explain(program, plan, args.explain)
