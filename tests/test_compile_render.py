@@ -324,6 +324,12 @@ def test_launch_sh_runs_torchrun_for_the_topology(out_a):
     assert "--nnodes 2 --nproc-per-node 2" in two.stdout
     assert "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500" in two.stdout
     assert two.stdout.rstrip().endswith("train.py --steps 3")
+    # the rendezvous id is one bare word (no quotes kept inside "${RDZV_ID:-...}")
+    assert "--rdzv-id embark-" in two.stdout and "'" not in two.stdout
+    # a multi-node launch says what it waits for, and how to run it all on this machine
+    assert "waiting for 2 nodes to join at 127.0.0.1:29500" in two.stderr
+    assert "NNODES=1 NPROC_PER_NODE=4 ./launch.sh" in two.stderr
+    assert "# One machine:  NNODES=1 NPROC_PER_NODE=4 ./launch.sh" in launch.read_text()
     one = subprocess.run(
         [str(launch)],
         env={**env, "NNODES": "1", "NPROC_PER_NODE": "4"},
@@ -331,6 +337,7 @@ def test_launch_sh_runs_torchrun_for_the_topology(out_a):
         text=True,
     )
     assert "--standalone --nnodes 1" in one.stdout and "--nproc-per-node 4" in one.stdout
+    assert "waiting" not in one.stderr
     bad = subprocess.run(
         [str(launch)], env={**env, "NPROC_PER_NODE": "3"}, capture_output=True, text=True
     )

@@ -16,6 +16,7 @@ its optimizer. The trainer (embark_runtime.trainer) checks them against plan.jso
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from embark_runtime.plan import Plan
@@ -67,11 +68,6 @@ def py_lines(head: str, value: Any, indent: int = 4) -> list[str]:
         lines += py_lines("", v, indent + 4)
     lines.append(f"{pad}),")
     return lines
-
-
-def sh(word: str) -> str:
-    """A single-quoted shell word."""
-    return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
 def feature_width(pooling: str, hotness: float, dim: int) -> int:
@@ -196,7 +192,8 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         "interaction": m.interaction.kind,
         "dense_optimizer": o.kind,
         "dense_features": m.dense_features,
-        "rdzv_id": sh(f"embark-{program.name}"),
+        # a bare word: it sits inside "${RDZV_ID:-...}", where quotes would be kept
+        "rdzv_id": re.sub(r"[^A-Za-z0-9_.-]", "_", f"embark-{program.name}"),
     }
 
 
