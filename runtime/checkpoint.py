@@ -605,15 +605,25 @@ def _verify_files(directory: Path, manifest: dict[str, Any], names: list[str]) -
 def latest_checkpoint(root: str | Path, *, verify: bool = True) -> Path | None:
     """The newest complete checkpoint `<root>/step-N` (manifest readable and, with
     `verify`, every file present with its manifest's sha256), or None."""
+    return newest_complete(root, verify=verify)[0]
+
+
+def newest_complete(
+    root: str | Path, *, verify: bool = True
+) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """`latest_checkpoint`, and the newer `step-N` passed over, each with why (so that a
+    resume can say which steps it lost)."""
+    skipped: list[tuple[Path, str]] = []
     for _, p in sorted(_step_dirs(Path(root)), reverse=True):
         try:
             m = read_manifest(p)
             if verify:
                 _verify_files(p, m, list(m["files"]))
-        except CheckpointError:
+        except CheckpointError as e:
+            skipped.append((p, str(e)))
             continue
-        return p
-    return None
+        return p, skipped
+    return None, skipped
 
 
 def _resolve(directory: str | Path, verify: bool) -> tuple[Path, bool]:

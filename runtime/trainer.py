@@ -368,6 +368,11 @@ class _Log:
             except OSError as e:
                 raise TrainerError(f"--log-json {json_path}: {e.strerror or e}") from None
 
+    def warn(self, text: str) -> None:
+        """A warning on stderr (rank 0), shown even with --quiet."""
+        if self.enabled:
+            print(f"train.py: warning: {text}", file=sys.stderr, flush=True)
+
     def say(self, text: str) -> None:
         if self.enabled:
             if self.tty:
@@ -828,12 +833,14 @@ class _Sharded:
             return 0, None
         from embark_runtime import checkpoint
 
-        latest = None
+        latest, damaged = None, []
         if a.checkpoint_dir is not None and a.checkpoint_dir.exists():
-            latest = checkpoint.latest_checkpoint(a.checkpoint_dir)
+            latest, damaged = checkpoint.newest_complete(a.checkpoint_dir)
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         if a.resume == "" or (restarted and latest is not None):
             # after a restart, what this run checkpointed itself beats the starting point
+            for bad, why in damaged:
+                self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
             if latest is None:
                 return 0, None
             path = Path(latest)

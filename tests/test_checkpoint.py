@@ -28,6 +28,7 @@ from embark_runtime.checkpoint import (
     finalize_checkpoint,
     latest_checkpoint,
     load_checkpoint,
+    newest_complete,
     save_checkpoint,
 )
 from embark_runtime.keys import local_row, row_shard_of
@@ -463,6 +464,10 @@ def test_corrupt_file_is_detected_and_named(tmp_path):
     data[-5] ^= 0xFF
     victim.write_bytes(bytes(data))
     assert latest_checkpoint(tmp_path) == first
+    # what a resume passes over is named with why (the trainer warns with it)
+    got, skipped = newest_complete(tmp_path)
+    assert got == first and [p for p, _ in skipped] == [second]
+    assert "rank-00001.safetensors: sha256 mismatch" in skipped[0][1]
     with pytest.raises(CheckpointError, match=r"rank-00001\.safetensors: sha256 mismatch"):
         load_checkpoint(second, PLAN_A, 1)
     victim.write_bytes(bytes(data[:100]))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,14 +263,24 @@ def test_another_strategy_gives_another_program_and_the_same_model(
 
 
 def test_a_checkpoint_of_one_plan_resumes_under_another(pinned_embark, pinned_rowwise, tmp_path):
+    """Resumed from the newest complete checkpoint of a folder, under another plan; a newer
+    damaged one is passed over with a warning that names it and what is wrong."""
     _, work = pinned_embark
+    ckpt = tmp_path / "ckpt"
+    for step in (20, 40):
+        shutil.copytree(work / "ckpt" / f"step-{step}", ckpt / f"step-{step}")
+    shutil.copytree(ckpt / "step-40", ckpt / "step-45")
+    victim = ckpt / "step-45" / "rank-00001.safetensors"
+    victim.write_bytes(victim.read_bytes()[:100])
     r = torchrun(
         pinned_rowwise,
         *("--exact", "--steps", str(STEPS), "--eval-batches", "0"),
-        *("--resume", str(work / "ckpt" / "step-40")),
+        *("--resume", "--checkpoint-dir", str(ckpt)),
         *("--export-embeddings", str(tmp_path / "tables.npz")),
     )
-    assert "at step 40" in r.stdout
+    assert re.search(r"resumed from .*step-40 at step 40", r.stdout), r.stdout
+    assert "warning: passing over the damaged checkpoint" in r.stderr
+    assert "step-45/rank-00001.safetensors: 100 bytes" in r.stderr
     assert_same_tables(work / "tables.npz", tmp_path / "tables.npz", atol=0.0)
 
 
