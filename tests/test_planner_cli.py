@@ -29,6 +29,11 @@ def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsy
     extra = plan.estimate.model_extra or {}
     assert set(extra["components"]) == {"lookup", "distributor", "nvlink", "network", "dp_exchange"}
     assert len(extra["per_table"]) == len(plan.tables)
+    # the work CP-SAT counted, as the file records it; none is shown for the greedy alone
+    assert f"(cp-sat deterministic work {plan.planner.wall_time:.3g} s)" in out
+    capsys.readouterr()
+    assert main(["plan", TINY, "--solver", "greedy"]) == 0
+    assert "deterministic work" not in capsys.readouterr().out
 
 
 def test_plan_says_how_much_key_time_hides(tmp_path, capsys):
