@@ -281,6 +281,12 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         except PlanError as e:
             raise TrainerError(str(e)) from None
         program.check_plan(plan)
+    except _user_errors() as e:
+        # the options and plan.json are the same for every rank of a node: one says it
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
         if args.reference:
             return _Reference(program, plan, args).run()
         return _run_sharded(program, plan, args)

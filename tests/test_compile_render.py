@@ -200,7 +200,7 @@ def _program(out: Path):
 
 def _train(out: Path, monkeypatch, capsys, *args: str, env: dict[str, str] | None = None):
     """Run a generated trainer in this process; returns (exit code, stderr)."""
-    for key in ("WORLD_SIZE", "RANK", "TORCHELASTIC_RESTART_COUNT"):
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(key, raising=False)
     for key, value in (env or {}).items():
         monkeypatch.setenv(key, value)
@@ -305,6 +305,16 @@ def test_an_export_the_file_system_refuses_at_the_end_is_a_clean_error(tmp_path)
     finally:
         os.chmod(tmp_path, 0o700)
     assert np.load(old)["t"].sum() == 8  # the older export stays whole
+
+
+def test_an_option_mistake_is_said_once_per_node(out_a, monkeypatch, capsys):
+    """Every rank of a node sees the same options and plan.json: local rank 0 says what is
+    wrong, the others exit 2 without repeating it."""
+    bad = ("--steps", "-1")
+    code, err = _train(out_a, monkeypatch, capsys, *bad, env={"LOCAL_RANK": "1", "RANK": "3"})
+    assert code == 2 and err == ""
+    code, err = _train(out_a, monkeypatch, capsys, *bad, env={"LOCAL_RANK": "0", "RANK": "2"})
+    assert code == 2 and "--steps must not be negative" in err
 
 
 def test_an_unknown_numerics_is_refused_by_the_parser(out_a, monkeypatch, capsys):
