@@ -32,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from embarkc import __version__
+from embarkc.diagnostics import EmbarkError
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "embarkc-manifest"
@@ -141,6 +142,17 @@ def atomic_write(target: Path, data: bytes, executable: bool = False) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_output(path: Path, data: bytes, what: str, hint: str | None = None) -> None:
+    """`atomic_write` of a file a user named (`what`: "the plan", "the report"): a file
+    system's refusal is an EmbarkError naming the path and why, not an OSError."""
+    try:
+        atomic_write(path, data)
+    except OSError as e:
+        raise EmbarkError.at(
+            str(path), f"cannot write {what}: {e.strerror or e}", hint=hint
+        ) from None
 
 
 def _write_if_changed(target: Path, data: bytes, executable: bool) -> bool:

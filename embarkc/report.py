@@ -453,12 +453,9 @@ def render_image(d: ReportData, path: Path) -> None:
 
 
 def _write(path: Path, data: bytes) -> None:
-    from embarkc.emit import atomic_write
+    from embarkc.emit import write_output
 
-    try:
-        atomic_write(path, data)
-    except OSError as e:
-        raise EmbarkError.at(str(path), f"cannot write the report: {e.strerror or e}") from None
+    write_output(path, data, "the report")
 
 
 def write_report(d: ReportData, path: Path) -> None:

@@ -97,16 +97,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(plan_to_json(plan))
         return EXIT_OK
     if args.output:
-        from embarkc.emit import atomic_write
+        from embarkc.emit import write_output
 
-        try:
-            atomic_write(Path(args.output), plan_to_json(plan).encode())
-        except OSError as e:
-            raise EmbarkError.at(
-                args.output,
-                f"cannot write the plan: {e.strerror or e}",
-                hint="give -o a file path in a folder you can write to",
-            ) from None
+        write_output(
+            Path(args.output),
+            plan_to_json(plan).encode(),
+            "the plan",
+            hint="give -o a file path in a folder you can write to",
+        )
     _print(plan, wall, args.output)
     if args.explain:
         _explain(program, plan, args.explain)
