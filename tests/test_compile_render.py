@@ -288,7 +288,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_training(
     assert list((tmp_path / "dir").iterdir()) == [] and (tmp_path / "file").read_text() == "keep"
 
 
-def test_an_export_the_file_system_refuses_at_the_end_is_a_clean_error(tmp_path):
+def test_an_export_the_file_system_refuses_at_the_end_is_a_clean_error(tmp_path, monkeypatch):
+    from embark_runtime import trainer
     from embark_runtime.trainer import TrainerError, export_tables
 
     (tmp_path / "file").write_text("keep")
@@ -296,15 +297,16 @@ def test_an_export_the_file_system_refuses_at_the_end_is_a_clean_error(tmp_path)
         export_tables(tmp_path / "file" / "t.npz", {"t": np.zeros((2, 4), np.float32)})
     old = tmp_path / "t.npz"
     export_tables(old, {"t": np.ones((2, 4), np.float32)})
-    os.chmod(tmp_path, 0o500)
-    try:
-        if os.access(tmp_path, os.W_OK):  # root writes anyway
-            return
-        with pytest.raises(TrainerError, match="cannot write"):
-            export_tables(old, {"t": np.zeros((2, 4), np.float32)})
-    finally:
-        os.chmod(tmp_path, 0o700)
+
+    def refused(src, dst):  # the rename fails (a full or read-only disk; root included)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(trainer.os, "replace", refused)
+    with pytest.raises(TrainerError, match="cannot write: No space left on device"):
+        export_tables(old, {"t": np.zeros((2, 4), np.float32)})
+    monkeypatch.undo()
     assert np.load(old)["t"].sum() == 8  # the older export stays whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "t.npz"]  # no temp file
 
 
 def test_an_option_mistake_is_said_once_per_node(out_a, monkeypatch, capsys):
