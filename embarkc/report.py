@@ -186,6 +186,13 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
         if bound and view.step_time
         else ""
     )
+    low = view.lower_bound
+    lower = (
+        f"; lower bound {fmt_time(low)} for any plan (this plan "
+        f"{100 * (view.step_time / low - 1):.1f} % above it)"
+        if low
+        else ""
+    )
     facts = [
         ("spec", plan.source.spec),
         (
@@ -216,7 +223,12 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
             "planner",
             f"{planner.strategy}, solver {planner.solver}, status {planner.status}, "
             f"{planner.wall_time:.1f} s"
-            + (f"; bound {fmt_time(bound)}{gap}" if bound is not None else "; no bound"),
+            + lower
+            + (
+                f"; cp-sat bound {fmt_time(bound)}{gap} in its last model"
+                if bound is not None
+                else ""
+            ),
         ),
         ("costs from", _source_text(view)),
     ]

@@ -135,7 +135,11 @@ def build_plan(
         ],
     )
     planner = plan.planner.model_copy(
-        update={"bound": 0.9 * time[critical], "baselines": {"table-wise": 1.3 * time[critical]}}
+        update={
+            "bound": 0.9 * time[critical],
+            "lower_bound": 0.8 * sum(time) / len(time),
+            "baselines": {"table-wise": 1.3 * time[critical]},
+        }
     )
     return plan.model_copy(update={"estimate": est, "planner": planner})
 

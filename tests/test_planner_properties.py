@@ -129,6 +129,9 @@ def test_every_plan_is_valid_deterministic_and_fits(program):
         assert any(w in msg for w in ("GiB", "placement", "contradict", "colocated")), msg
         return
     _check_invariants(program, plan)
+    # no plan beats the lower bound (within the distinct-id statistics' accuracy)
+    low = (plan.planner.model_extra or {})["lower_bound"]
+    assert 0 < low <= plan.estimate.step_time * (1 + 1e-5)
     text = dumps_plan(plan)
     assert dumps_plan(plan_program(program, solver="greedy")) == text
     assert dumps_plan(parse_plan(text)) == text  # the loader accepts it unchanged
@@ -146,6 +149,7 @@ def test_cpsat_never_worse_than_greedy(program):
         return
     c = plan_program(program, solver="cp-sat", time_limit=0.2, baselines=False)
     assert c.estimate.step_time <= g.estimate.step_time * (1 + 1e-9)
+    assert (c.planner.model_extra or {})["lower_bound"] <= c.estimate.step_time * (1 + 1e-5)
     assert c.planner.status in ("optimal", "feasible", "greedy")
     _check_invariants(program, c)
     from embarkc.planner.check import validate_plan

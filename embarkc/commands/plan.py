@@ -171,8 +171,17 @@ def _print(plan: Any, wall: float, output: str | None) -> None:
             + (f", bound {_ms(bound)}" if bound is not None else "")
             + " (of the last model it accepted)"
         )
+    low = pextra.get("lower_bound")
+    if low:
+        print(
+            f"  lower bound {_ms(low)} for any plan (all the work spread evenly): "
+            f"this plan is {100 * (est.step_time / low - 1):.1f} % above it"
+        )
     for name, t in sorted(pextra.get("baselines", {}).items()):
-        print(f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan)")
+        line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"
+        if low:
+            line += f", at most {t / low:.2f}x any plan"
+        print(line + ")")
     if output:
         print(f"wrote {output}")
 

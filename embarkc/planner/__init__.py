@@ -277,6 +277,7 @@ def plan_program(
     bytes from `dumps_plan`.
     """
     from embarkc.planner import baselines as bl
+    from embarkc.planner.bound import lower_bound
     from embarkc.planner.cost import CostModel
     from embarkc.planner.greedy import greedy
 
@@ -326,6 +327,8 @@ def plan_program(
             )
         if baselines:
             info["baselines"] = bl.baseline_times(cm)
+        # the least step time any plan of the spec can have by the same cost model
+        info["lower_bound"] = lower_bound(cm).step_time
     else:
         layout = bl.build_layout(cm, strategy)
         info.update(

@@ -1,0 +1,152 @@
+"""A lower bound on the step time of every plan of a program, by the cost model.
+
+The step time is the slowest rank's time, so it is at least the mean rank's time, and the
+mean is the program's total work (over all ranks) spread evenly, plus the fixed
+latencies every rank pays. The total work of a table does not depend on where its cells
+go, only on its kind, grid and communication, and it never falls below what its smallest
+allowed grid costs:
+
+* HBM: splitting rows writes one more pooled partial per sample and row shard, splitting
+  columns reads the keys once more per cell and pads narrow rows to a 64-byte access;
+  the ids, distinct rows and updates divide exactly. So the fewest row and column shards
+  the spec allows (`Unit.min_r`, `Unit.min_c`) cost the least, columns cut as evenly as
+  the 4-column granularity allows (the padding is convex in the width).
+* Links: a rank's time on a link is its busier direction, at least its share of the
+  bytes every rank sends; a flat rb cell sends `(W - G)` partials over the network
+  whichever rank owns it, a hierarchical one one per (column range, node), least when
+  its row shards share a node.
+* Keys: only what outlasts the dense compute window counts; that is convex in a rank's
+  key time, so the mean rank pays at least the total key time over `W` less the window.
+* dp: the gradient exchange is the same on every rank.
+
+Every table takes the cheapest of its allowed options (rb flat or hierarchical, ub flat
+or hierarchical, dp with either gradient exchange when one replica fits a GPU), and the
+latencies and kernel launches depend only on which kinds of cluster the plan has: the
+bound is the least over those sets of kinds. It ignores memory beyond that and the
+balance of the cells, so no plan can be faster than it, and a plan whose work is spread
+perfectly evenly would reach it. The expected distinct ids of a row shard come from the
+same statistics the cost model uses (exact head, integrated tail), whose sums over row
+shards match the whole table's to within the integration's accuracy (well under 0.1 %).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+
+from embarkc.planner.clusters import Unit, dp_bytes, units_of
+from embarkc.planner.cost import HH, CostModel, RankState
+from embarkc.planner.types import Placement, column_widths
+
+CATEGORIES = ("rb_flat", "rb_hier", "ub", "ub_hier", "dp")
+"""The kinds of cluster whose presence decides a rank's latencies (`RankState.counts`)."""
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    step_time: float
+    """Seconds: no plan of the program is faster by the cost model."""
+    kinds: tuple[str, ...]
+    """The set of cluster kinds (of CATEGORIES) the bound was reached with."""
+    work: float
+    """Seconds of the mean rank's work (HBM, links, dp exchange) in that set."""
+    keys: float
+    """Seconds of the mean rank's keys beyond the dense compute window."""
+    fixed: float
+    """Seconds of latencies and kernel launches every rank pays in that set."""
+
+
+def _options(cm: CostModel, u: Unit, name: str) -> list[tuple[str, Placement]]:
+    """The table's cheapest placement of each allowed kind and communication, its cells
+    all in node 0 (the totals do not depend on the ranks otherwise)."""
+    tf = cm.facts[name]
+    out: list[tuple[str, Placement]] = []
+    r = u.min_r
+    c = min(u.min_c, max(1, tf.dim // 4))
+    widths = column_widths(tf.dim, c)
+    ranks = tuple(j % cm.G for j in range(r) for _ in range(c))
+    for kind in u.kinds:
+        if kind == "dp":
+            single = Unit((name,), ("dp",), 1, 1, 1, 1, False)
+            if dp_bytes(cm, single) > cm.capacity:
+                continue
+            for exchange in ("dense", "sparse"):
+                out.append(("dp", Placement("dp", exchange=exchange)))  # type: ignore[arg-type]
+            continue
+        for comm in ("flat", "hierarchical"):
+            p = Placement(kind, r, widths, ranks, communication=comm)  # type: ignore[arg-type]
+            if kind == "rb":
+                out.append(("rb_hier" if comm == "hierarchical" else "rb_flat", p))
+            elif comm == "flat":
+                out.append(("ub", p))
+            elif cm.nodes > 1:
+                out.append(("ub_hier", p))
+    return out
+
+
+def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float]:
+    """(work, keys): the seconds table `name` placed as `p` adds to the sum over ranks of
+    their HBM, link and dp exchange time, and of their key link time."""
+    st = RankState(cm)
+    st.add_table(name, p, 1.0)
+    W = cm.W
+    hbm = float(st.hbm_own.sum()) + W * st.hbm_all
+    if st.counts["ub_hier"]:
+        hbm += float(st.aggregator(HH).sum())
+    work = hbm / cm.bw_hbm + W * st.dp_time
+    keys = 0.0
+    if W > 1:
+        lk = st.links()
+
+        def total(link: str) -> float:
+            sent, recv = lk[link]
+            return max(0.0, min(float(np.sum(sent)), float(np.sum(recv))))
+
+        # forward and backward move the same bytes over each link
+        work += 2.0 * (total("res_intra") / cm.bw_intra + total("res_inter") / cm.bw_inter)
+        keys = total("dist_intra") / cm.bw_intra + total("dist_inter") / cm.bw_inter
+    return work, keys
+
+
+def _fixed(cm: CostModel, kinds: tuple[str, ...]) -> float:
+    """The mean rank's latencies and kernel launches when the plan has these kinds."""
+    st = RankState(cm)
+    for k in kinds:
+        st.counts[k] = 1
+    return float(st.times().mean())
+
+
+def lower_bound(cm: CostModel) -> LowerBound:
+    """The least step time any plan of `cm.program` can have by the cost model `cm`."""
+    rows: list[list[tuple[str, float, float]]] = []
+    seen: dict[tuple[object, ...], list[tuple[str, float, float]]] = {}
+    for u in units_of(cm):
+        for name in u.tables:
+            # tables of equal costs (`TableFacts.cache_key`) and bounds share their options
+            key = (cm.facts[name].cache_key(u.min_r), u.kinds, u.min_r, u.min_c)
+            got = seen.get(key)
+            if got is None:
+                got = [(cat, *_totals(cm, name, p)) for cat, p in _options(cm, u, name)]
+                seen[key] = got
+            rows.append(got)
+    W = cm.W
+    best: LowerBound | None = None
+    for size in range(1, len(CATEGORIES) + 1):
+        for kinds in combinations(CATEGORIES, size):
+            work = keys = 0.0
+            for opts in rows:
+                allowed = [(w, k) for cat, w, k in opts if cat in kinds]
+                if not allowed:
+                    break
+                work += min(w for w, _ in allowed)
+                keys += min(k for _, k in allowed)
+            else:
+                beyond = float(cm.keys_beyond_window(np.array([keys / W]))[0])
+                lb = LowerBound(0.0, kinds, work / W, beyond, _fixed(cm, kinds))
+                t = lb.work + lb.keys + lb.fixed
+                if best is None or t < best.step_time:
+                    best = LowerBound(t, kinds, lb.work, lb.keys, lb.fixed)
+    assert best is not None, "every table has an allowed option"
+    return best
