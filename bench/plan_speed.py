@@ -5,7 +5,9 @@
 * quality: for every paper workload at 1 x 8, 4 x 8 and 16 x 8 GPUs, the step time of the
   greedy plan and the CP-SAT plan (time limit --cpsat seconds) by embarkc's cost model,
   against every fixed baseline, and the CPU and wall time of the whole CP-SAT plan
-  command (greedy + refinement; the machine may be shared, so CPU time is the figure).
+  command (greedy + refinement; the machine may be shared, so CPU time is the figure),
+  and the planner's lower bound on any plan (`planner.lower_bound`) with the largest
+  speed-up over the best fixed strategy that it leaves possible.
 Prints markdown tables (what bench/results_planner.md records).
 """
 
@@ -49,9 +51,9 @@ def quality(cpsat: float) -> None:
     print(
         "| workload | GPUs | greedy (ms) | cp-sat (ms) | mean rank (ms) | status | table-wise "
         "| row-wise | column-wise | table-row-wise | data-parallel | vs TRW | vs best fixed "
-        "| plan CPU (s) | plan wall (s) |"
+        "| lower bound (ms) | best fixed / bound | plan CPU (s) | plan wall (s) |"
     )
-    print("| --- " * 16 + "|")
+    print("| --- " * 18 + "|")
     for name in NAMES:
         for nodes in (1, 4, 16):
             prog = program_from_workload(WORKLOADS / f"{name}.json", nodes)
@@ -67,12 +69,14 @@ def quality(cpsat: float) -> None:
                 cols.append(f"{base[b] * 1e3:.3f}" if b in base else "does not fit")
             trw = base.get("table-row-wise", float("nan"))
             fixed = min(base.values()) if base else float("nan")
+            low = float((c.planner.model_extra or {})["lower_bound"])
             print(
                 f"| {name} | {nodes * 8} | {g.estimate.step_time * 1e3:.3f} | {best * 1e3:.3f} "
                 f"| {mean * 1e3:.3f} | {c.planner.status} | "
                 + " | ".join(cols)
                 + f" | {_ratio(trw, best)} "
-                f"| {_ratio(fixed, best)} | {cpu:.1f} | {wall:.1f} |",
+                f"| {_ratio(fixed, best)} | {low * 1e3:.3f} | {_ratio(fixed, low)} "
+                f"| {cpu:.1f} | {wall:.1f} |",
                 flush=True,
             )
 
