@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -172,6 +172,56 @@ class PlannerInfo(_M):
 class Source(_M):
     spec: str
     sha256: str
+
+
+# ------------------------------------------------------------------ fields of our own
+# The contract lets a plan carry fields of its own; embarkc's (docs/plan.md, "Fields of our
+# own") are read by diff, report, simulate and check, so their shape is checked on load:
+# a hand-edited `"bound": "x"` is a broken plan named by its field, not a crash later.
+
+
+class _OwnRank(_M):
+    components: dict[str, float] | None = None
+    memory: dict[str, int] | None = None
+
+
+class _OwnTableRow(_M):
+    table: str
+    cluster: str | None = None
+    time: float | None = None
+    memory_bytes: int | None = None
+    ranks: int | None = None
+
+
+class _OwnEstimate(_M):
+    per_rank: list[_OwnRank] = []
+    critical_rank: int | None = Field(default=None, ge=0)
+    components: dict[str, float] | None = None
+    per_table: list[_OwnTableRow] | None = None
+    key_window: float | None = Field(default=None, ge=0)
+    dense_allreduce_time: float | None = Field(default=None, ge=0)
+    layout_sha256: str | None = None
+
+
+class _OwnConstraint(_M):
+    rule: str
+    table: str | None = None
+    message: str
+
+
+class _OwnPlanner(_M):
+    objective: float | None = Field(default=None, ge=0)
+    bound: float | None = Field(default=None, ge=0)
+    lower_bound: float | None = Field(default=None, ge=0)
+    greedy_step_time: float | None = Field(default=None, ge=0)
+    baselines: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    message: str | None = None
+    ignored_constraints: list[_OwnConstraint] | None = None
+
+
+class _OwnFields(_M):
+    estimate: _OwnEstimate
+    planner: _OwnPlanner
 
 
 class Plan(_M):
@@ -352,6 +402,17 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         raise PlanError(path, "schema", f"field `{where}`: {err['msg']}") from None
+    try:
+        _OwnFields.model_validate({"estimate": data["estimate"], "planner": data["planner"]})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise PlanError(
+            path,
+            "schema",
+            f"field `{where}` (a field of embarkc's own, docs/plan.md): {err['msg']}; "
+            "re-plan the spec, or delete the field",
+        ) from None
     validate_rules(plan, path)
     return plan
 

@@ -52,6 +52,21 @@ def test_a_hand_edit_that_breaks_the_spec_is_named(planned, capsys) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["check"], ["diff", "plan.json"], ["simulate"], ["report"]])
+def test_a_broken_field_of_our_own_stops_every_command_cleanly(planned, capsys, command) -> None:
+    _, path = planned
+    data = json.loads(path.read_text())
+    data["planner"]["lower_bound"] = "soon"
+    bad = path.with_name("bad.json")
+    bad.write_text(json.dumps(data))
+    capsys.readouterr()
+    args = command + [str(bad)] + (["-o", "r.html"] if command == ["report"] else [])
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "field `planner.lower_bound` (a field of embarkc's own" in err
+    assert "internal error" not in err and "Traceback" not in err
+
+
 def test_without_its_spec_only_the_contract_is_checked(planned, capsys) -> None:
     spec, path = planned
     spec.write_text(spec.read_text() + "\n# edited\n")

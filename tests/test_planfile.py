@@ -112,6 +112,33 @@ def test_broken_plan_names_the_rule(mutate, rule, needle):
     assert str(e.value).startswith("p.json: error: invalid plan")
 
 
+@pytest.mark.parametrize(
+    ("section", "field", "value", "where"),
+    [
+        ("planner", "bound", "x", "planner.bound"),
+        ("planner", "lower_bound", -1, "planner.lower_bound"),
+        ("planner", "greedy_step_time", [1], "planner.greedy_step_time"),
+        ("planner", "baselines", {"table-wise": "fast"}, "planner.baselines.table-wise"),
+        ("planner", "ignored_constraints", "none", "planner.ignored_constraints"),
+        ("estimate", "critical_rank", "a", "estimate.critical_rank"),
+        ("estimate", "components", 3, "estimate.components"),
+        ("estimate", "per_table", [{"time": 1}], "estimate.per_table.0.table"),
+        ("estimate", "key_window", "k", "estimate.key_window"),
+    ],
+)
+def test_a_broken_field_of_our_own_is_named(section, field, value, where):
+    # diff, report, simulate and check read these; a hand edit that breaks one is a broken
+    # plan named by its field, not a crash in the command that reads it
+    data = copy.deepcopy(_plan())
+    data[section][field] = value
+    with pytest.raises(PlanError) as e:
+        parse_plan(json.dumps(data), "p.json")
+    assert e.value.rule == "schema"
+    assert f"field `{where}` (a field of embarkc's own" in str(e.value)
+    data[section][field] = None  # absent or null: the commands do without it
+    parse_plan(json.dumps(data), "p.json")
+
+
 @pytest.mark.parametrize("raw", [b"", b"{", b"\xff\xfe\x00garbage", b"[1, 2]", b"null"])
 def test_corrupt_file_is_a_clear_error(tmp_path, raw):
     p = tmp_path / "bad.json"
