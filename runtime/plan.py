@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 FORMAT = "embark-plan"
 VERSION = 1
@@ -62,12 +62,13 @@ class PlanTopology(_M):
 
 
 class OptimizerParams(_M):
-    lr: float = 0.01
-    eps: float = 1e-8
-    initial_accumulator: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    weight_decay: float = 0.0
+    # the bounds of the language (embarkc.ir.Optimizer): a plan trains what a spec could say
+    lr: float = Field(default=0.01, gt=0)
+    eps: float = Field(default=1e-8, gt=0)
+    initial_accumulator: float = Field(default=0.0, ge=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.999, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
 
 
 class InitParams(_M):
@@ -77,6 +78,14 @@ class InitParams(_M):
     mean: float = 0.0
     std: float = 0.01
     value: float = 0.0
+
+    @model_validator(mode="after")
+    def _sensible(self) -> InitParams:
+        if self.kind == "uniform" and not self.low < self.high:
+            raise ValueError("uniform(low, high) needs low < high")
+        if self.kind == "normal" and not self.std > 0:
+            raise ValueError("normal(mean, std) needs std > 0")
+        return self
 
 
 class PlanTable(_M):
@@ -127,6 +136,38 @@ class PlanFeature(_M):
     @property
     def bag_max(self) -> int:
         return self.max_hotness if self.max_hotness is not None else int(math.ceil(self.hotness))
+
+
+def feature_problem(f: PlanFeature, rows: int) -> str | None:
+    """What makes feature `f` (reading a table of `rows` rows) impossible to draw batches
+    for, or None. The loader rejects such a plan; `SyntheticData` checks in-memory ones."""
+    a = f.access
+    if a.kind == "histogram":
+        keys, counts = a.keys or [], a.counts or []
+        if not keys or len(keys) != len(counts) or sum(counts) <= 0:
+            return (
+                f"feature `{f.name}`: a histogram access needs keys and positive counts "
+                f"of the same length (got {len(keys)} keys, {len(counts)} counts)"
+            )
+        if min(keys) < 0 or max(keys) >= rows or min(counts) < 0:
+            return (
+                f"feature `{f.name}`: histogram keys must lie in [0, {rows}) and counts "
+                "must be >= 0"
+            )
+    if a.kind == "zipf" and (a.alpha is None or a.alpha <= 0):
+        return f"feature `{f.name}`: zipf access needs alpha > 0"
+    if f.max_hotness is not None:
+        if f.max_hotness < 1 or f.max_hotness < f.hotness:
+            return (
+                f"feature `{f.name}`: max_hotness {f.max_hotness} is below its hotness "
+                f"{f.hotness:g} (a bag holds 1 to max_hotness ids, hotness on average)"
+            )
+        if f.fixed and f.max_hotness != f.hotness:
+            return (
+                f"feature `{f.name}`: a fixed bag has exactly hotness ids, but hotness is "
+                f"{f.hotness:g} and max_hotness {f.max_hotness}"
+            )
+    return None
 
 
 class Cluster(_M):
@@ -219,9 +260,33 @@ class _OwnPlanner(_M):
     ignored_constraints: list[_OwnConstraint] | None = None
 
 
+class _OwnInteraction(_M):
+    kind: Literal["dot", "dcnv2"] = "dot"
+    layers: int = Field(default=3, gt=0)
+    low_rank: int = Field(default=512, gt=0)
+
+
+class _OwnDenseOptimizer(_M):
+    kind: Literal["sgd", "adagrad", "adam"] = "sgd"
+    lr: float = Field(default=0.01, gt=0)
+
+
+class _OwnModel(_M):
+    """`model`: the dense part as embarkc.ir.DenseModel dumps it (simulate reads it)."""
+
+    batch_size: int | None = Field(default=None, gt=0)
+    dense_features: int = Field(default=0, ge=0)
+    bottom_mlp: list[Annotated[int, Field(gt=0)]] = []
+    interaction: _OwnInteraction | Literal["dot", "dcnv2"] = _OwnInteraction()
+    top_mlp: list[Annotated[int, Field(gt=0)]] = [1]
+    optimizer: _OwnDenseOptimizer = _OwnDenseOptimizer()
+
+
 class _OwnFields(_M):
     estimate: _OwnEstimate
     planner: _OwnPlanner
+    model: _OwnModel | None = None
+    seed: int | None = Field(default=None, ge=0)
 
 
 class Plan(_M):
@@ -403,7 +468,9 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
         where = ".".join(str(p) for p in err["loc"])
         raise PlanError(path, "schema", f"field `{where}`: {err['msg']}") from None
     try:
-        _OwnFields.model_validate({"estimate": data["estimate"], "planner": data["planner"]})
+        _OwnFields.model_validate(
+            {k: data[k] for k in ("estimate", "planner", "model", "seed") if k in data}
+        )
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -414,6 +481,11 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             "re-plan the spec, or delete the field",
         ) from None
     validate_rules(plan, path)
+    rows = {t.name: t.rows for t in plan.tables}
+    for f in plan.features:
+        problem = feature_problem(f, rows[f.table])
+        if problem is not None:
+            raise PlanError(path, "features", problem)
     return plan
 
 

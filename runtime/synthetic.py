@@ -59,7 +59,7 @@ from functools import lru_cache
 import numpy as np
 
 from embark_runtime.keys import permute
-from embark_runtime.plan import Plan, PlanFeature
+from embark_runtime.plan import Plan, PlanFeature, feature_problem
 
 __all__ = ["Bag", "Batch", "SyntheticData", "ZipfSampler", "LABEL_FEATURES", "ZIPF_HEAD"]
 
@@ -289,22 +289,9 @@ class SyntheticData:
     def _check_feature(self, f: PlanFeature) -> None:
         if f.table not in self._rows:
             raise ValueError(f"feature `{f.name}` reads unknown table `{f.table}`")
-        rows = self._rows[f.table]
-        a = f.access
-        if a.kind == "histogram":
-            keys, counts = a.keys or [], a.counts or []
-            if not keys or len(keys) != len(counts) or sum(counts) <= 0:
-                raise ValueError(
-                    f"feature `{f.name}`: a histogram access needs keys and positive counts "
-                    f"of the same length (got {len(keys)} keys, {len(counts)} counts)"
-                )
-            if min(keys) < 0 or max(keys) >= rows or min(counts) < 0:
-                raise ValueError(
-                    f"feature `{f.name}`: histogram keys must lie in [0, {rows}) and counts "
-                    "must be >= 0"
-                )
-        if a.kind == "zipf" and (a.alpha is None or a.alpha <= 0):
-            raise ValueError(f"feature `{f.name}`: zipf access needs alpha > 0")
+        problem = feature_problem(f, self._rows[f.table])
+        if problem is not None:
+            raise ValueError(problem)
 
     # ------------------------------------------------------------------ pieces
 

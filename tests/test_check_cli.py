@@ -44,6 +44,7 @@ def test_a_hand_edit_that_breaks_the_spec_is_named(planned, capsys) -> None:
     _, path = planned
     data = json.loads(path.read_text())
     data["features"][0]["hotness"] += 1
+    data["features"][0]["max_hotness"] += 1  # a consistent bag, but not the spec's
     path.write_text(json.dumps(data))
     capsys.readouterr()
     assert main(["check", str(path)]) == 2

@@ -100,6 +100,35 @@ def test_memory_by_rank_counts_state_and_replicas():
         (lambda d: d.update(format="torchrec"), "format", "expected 'embark-plan'"),
         (lambda d: d["tables"][0].update(rows=-1), "schema", "tables.0.rows"),
         (lambda d: d["clusters"][0].pop("communication"), "rule 1", "no `communication`"),
+        # what the trainer could not draw batches for or train with
+        (
+            lambda d: d["features"][0].update(access={"kind": "zipf"}),
+            "features",
+            "zipf access needs alpha > 0",
+        ),
+        (
+            lambda d: d["features"][0]["access"].update(
+                kind="histogram", keys=[1, 200], counts=[1, 1]
+            ),
+            "features",
+            "histogram keys must lie in [0, 100)",
+        ),
+        (
+            lambda d: d["features"][0].update(max_hotness=1),
+            "features",
+            "max_hotness 1 is below its hotness 2",
+        ),
+        (
+            lambda d: d["tables"][0].update(optimizer_params={"lr": 0}),
+            "schema",
+            "tables.0.optimizer_params.lr",
+        ),
+        (
+            lambda d: d["tables"][0].update(init={"kind": "normal", "std": -1}),
+            "schema",
+            "normal(mean, std) needs std > 0",
+        ),
+        (lambda d: d.update(model={"top_mlp": [0]}), "schema", "model.top_mlp.0"),
     ],
 )
 def test_broken_plan_names_the_rule(mutate, rule, needle):
