@@ -144,11 +144,40 @@ def atomic_write(target: Path, data: bytes, executable: bool = False) -> None:
         os.close(dir_fd)
 
 
-def write_output(path: Path, data: bytes, what: str, hint: str | None = None) -> None:
-    """`atomic_write` of a file a user named (`what`: "the plan", "the report"): a file
-    system's refusal is an EmbarkError naming the path and why, not an OSError."""
+def output_target(path: Path) -> Path | None:
+    """Where a user-named output is written atomically: the file itself or, through a
+    symbolic link to a file, the file it names (the link stays a link). None when the
+    path is a stream (a device such as /dev/null, a pipe, a terminal, /dev/stdout on one):
+    a rename would put a regular file in its place, so it is written in place."""
     try:
-        atomic_write(path, data)
+        st = os.stat(path)  # follows links
+    except OSError:
+        return path  # nothing there yet (or unreadable: atomic_write says why)
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return Path(os.path.realpath(path)) if os.path.islink(path) else path
+    return None
+
+
+def is_stdout(path: Path) -> bool:
+    """Whether `path` is this process's standard output (`-o /dev/stdout`)."""
+    try:
+        a, b = os.stat(path), os.fstat(1)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def write_output(path: Path, data: bytes, what: str, hint: str | None = None) -> None:
+    """`atomic_write` of a file a user named (`what`: "the plan", "the report"), or a
+    plain write to a stream (`output_target`): a file system's refusal is an EmbarkError
+    naming the path and why, not an OSError."""
+    try:
+        target = output_target(path)
+        if target is None:
+            with open(path, "wb") as f:
+                f.write(data)
+        else:
+            atomic_write(target, data)
     except OSError as e:
         raise EmbarkError.at(
             str(path), f"cannot write {what}: {e.strerror or e}", hint=hint

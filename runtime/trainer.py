@@ -49,6 +49,7 @@ import json
 import math
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -428,8 +429,29 @@ def _mib(n: float) -> str:
 def export_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
     """Write `tables` ([rows, dim] float arrays by name) atomically, by the file's suffix
     (TrainerError when the file system refuses; an older file stays whole)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     arrays = {k: np.ascontiguousarray(v) for k, v in tables.items()}
+    try:
+        st = os.stat(path)  # follows links
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        # a stream (/dev/null, a pipe): written into, never replaced by a file
+        try:
+            with open(path, "wb") as f:
+                if path.suffix == ".safetensors":
+                    from safetensors.numpy import save
+
+                    f.write(save(arrays))
+                else:
+                    np.savez(f, **arrays)  # type: ignore[arg-type]
+        except OSError as e:
+            raise TrainerError(
+                f"--export-embeddings {path}: cannot write: {e.strerror or e}"
+            ) from None
+        return
+    if st is not None and path.is_symlink():
+        path = Path(os.path.realpath(path))  # the file the link names; the link stays
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":

@@ -395,3 +395,28 @@ def test_a_one_node_plan_launches_standalone_and_says_so(program, tmp_path):
         text=True,
     )
     assert "--standalone --nnodes 1 --nproc-per-node 4" in r.stdout
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_an_export_through_a_link_or_into_a_pipe_keeps_what_is_there(tmp_path, suffix):
+    import os
+    import threading
+
+    from embark_runtime.trainer import export_tables, load_exported
+
+    real, link = tmp_path / f"real{suffix}", tmp_path / f"link{suffix}"
+    real.write_text("old")
+    link.symlink_to(real)
+    export_tables(link, {"t": np.ones((2, 4), np.float32)})
+    assert link.is_symlink() and load_exported(real)["t"].sum() == 8
+    fifo = tmp_path / f"pipe{suffix}"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    export_tables(fifo, {"t": np.ones((2, 4), np.float32)})
+    reader.join(timeout=30)
+    assert fifo.is_fifo() and got and got[0]
+    out = tmp_path / f"copy{suffix}"
+    out.write_bytes(got[0])
+    assert load_exported(out)["t"].sum() == 8

@@ -205,3 +205,48 @@ def test_an_output_that_cannot_be_written_is_a_user_error(tmp_path, capsys):
     assert "cannot write the plan:" in err and "internal error" not in err
     assert (tmp_path / "file").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "plans"]
+
+
+def test_an_output_through_a_link_or_into_a_stream_keeps_what_is_there(tmp_path, capsys):
+    """-o through a symbolic link writes the file it names (the link stays); -o to a FIFO
+    (or a device, /dev/stdout) writes into it instead of replacing it with a file."""
+    import os
+    import threading
+
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("old")
+    link.symlink_to(real)
+    assert main(["plan", TINY, "--solver", "greedy", "-o", str(link)]) == 0
+    assert link.is_symlink() and load_plan(real).planner.strategy == "embark"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    assert main(["plan", TINY, "--solver", "greedy", "-o", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert got and got[0] == real.read_bytes()
+    assert fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "pipe", "real.json"]
+
+
+def test_an_output_on_standard_output_is_the_plan_alone(tmp_path):
+    """-o /dev/stdout: standard output carries the plan only, the summary goes to stderr."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from embarkc.cli import main; sys.exit(main(sys.argv[1:]))",
+            *("plan", TINY, "--solver", "greedy", "-o", "/dev/stdout"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["format"] == "embark-plan"
+    assert "step time" in r.stderr and "wrote /dev/stdout" in r.stderr

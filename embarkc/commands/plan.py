@@ -10,6 +10,7 @@ Progress goes to stderr during long searches.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -96,18 +97,28 @@ def run(args: argparse.Namespace) -> int:
     if args.dump == "plan":
         sys.stdout.write(plan_to_json(plan))
         return EXIT_OK
+    summary_to = sys.stdout
     if args.output:
-        from embarkc.emit import write_output
+        from embarkc.emit import is_stdout, write_output
 
-        write_output(
-            Path(args.output),
-            plan_to_json(plan).encode(),
-            "the plan",
-            hint="give -o a file path in a folder you can write to",
-        )
-    _print(plan, wall, args.output)
-    if args.explain:
-        _explain(program, plan, args.explain)
+        text = plan_to_json(plan)
+        if is_stdout(Path(args.output)):
+            # -o /dev/stdout: the plan alone on standard output (appended where it stands,
+            # as any write to it), the summary on standard error
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            summary_to = sys.stderr
+        else:
+            write_output(
+                Path(args.output),
+                text.encode(),
+                "the plan",
+                hint="give -o a file path in a folder you can write to",
+            )
+    with contextlib.redirect_stdout(summary_to):
+        _print(plan, wall, args.output)
+        if args.explain:
+            _explain(program, plan, args.explain)
     return EXIT_OK
 
 
