@@ -281,12 +281,16 @@ class Colocate(Node):
     tables: tuple[str, ...]
 
 
+MAX_SEED = 2**31 - 1
+"""The largest seed: the CP-SAT solver's seeds are 32-bit signed integers."""
+
+
 class PlanOptions(Node):
     objective: Literal["step_time", "memory"] = "step_time"
     strategy: Strategy = "embark"
     solver: Literal["greedy", "cp-sat"] = "cp-sat"
     time_limit: float = Field(default=30.0, gt=0)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     row_partition: Literal["mod", "range"] = "mod"
     communication: Literal["auto", "flat", "hierarchical"] = "auto"
     memory_headroom: int = Field(default=0, ge=0)

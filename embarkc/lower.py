@@ -1070,6 +1070,12 @@ class Lowerer:
                 if v is not None and key == "time_limit" and v <= 0:
                     self.error("time_limit must be positive", span_of(node, b.file))
                     v = None
+                if v is not None and key == "seed" and v > ir.MAX_SEED:
+                    self.error(
+                        f"seed must be at most {ir.MAX_SEED} (the solver's seeds are 32-bit)",
+                        span_of(node, b.file),
+                    )
+                    v = None
                 if v is not None and key == "memory_headroom" and topology is not None:
                     if v >= topology.hbm_bytes:
                         self.error(

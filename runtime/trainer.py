@@ -218,6 +218,8 @@ def _check_args(args: argparse.Namespace) -> None:
     ):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} must not be negative")
+    if not 0 <= args.seed <= 2**31 - 1:
+        raise TrainerError(f"--seed must lie in [0, {2**31 - 1}], got {args.seed}")
     if args.log_every == 0:
         args.log_every = 1
     if args.checkpoint_every and args.checkpoint_dir is None:

@@ -246,6 +246,7 @@ def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
         (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
         (["--resume"], "needs --checkpoint-dir"),
         (["--steps", "-1"], "--steps must not be negative"),
+        (["--seed", str(2**63)], "--seed must lie in [0, 2147483647]"),
         (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
         (["--keep-checkpoints", "-1"], "--keep-checkpoints must not be negative"),
         (["--data", "/nonexistent/day_0"], "no such file"),

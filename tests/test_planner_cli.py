@@ -179,12 +179,15 @@ def test_dump_prints_each_stage_and_stops(tmp_path, capsys):
 def test_bad_solver_options_are_named_before_any_work(capsys):
     for command in ("plan", "simulate", "compile"):
         extra = ["-o", "never"] if command == "compile" else []
-        assert main([command, TINY, "--time-limit", "-1", *extra]) == 2
-        assert "--time-limit must be positive, got -1" in capsys.readouterr().err
-        assert main([command, TINY, "--time-limit", "nan", *extra]) == 2
-        assert "--time-limit must be positive, got nan" in capsys.readouterr().err
+        for limit in ("-1", "nan", "inf"):
+            assert main([command, TINY, "--time-limit", limit, *extra]) == 2
+            err = capsys.readouterr().err
+            assert f"--time-limit must be a positive number of seconds, got {limit}" in err
         assert main([command, TINY, "--seed", "-2", *extra]) == 2
         assert "--seed must not be negative, got -2" in capsys.readouterr().err
+        assert main([command, TINY, "--seed", str(2**31), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "--seed must be at most 2147483647" in err and "internal error" not in err
     assert not Path("never").exists()
 
 
