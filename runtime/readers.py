@@ -477,14 +477,16 @@ class RawLayout:
         )
 
 
-def _slot_hotness(plan: Plan) -> list[int]:
+def _slot_hotness(plan: Plan, where: str = "HugeCTR raw data") -> list[int]:
     out = []
     for f in plan.features:
         h = int(round(f.hotness))
         if not f.fixed or abs(f.hotness - h) > 1e-9 or h < 1:
             raise ReaderError(
-                f"error: feature `{f.name}`: HugeCTR raw data has a fixed number of keys per "
-                f"slot; the plan's hotness {f.hotness} (fixed={f.fixed}) is not one"
+                f"{where}: error: feature `{f.name}`: HugeCTR raw data has a fixed number of "
+                f"keys per slot; the plan's hotness {f.hotness:g} "
+                f"({'fixed' if f.fixed else 'varying'}) is not one (a Criteo TSV file takes "
+                "any bag length: --data-format criteo)"
             )
         out.append(h)
     return out
@@ -513,9 +515,11 @@ class HugeCTRRawReader(_Batches):
         self.batch_size = plan.batch_size
         self.layout = layout or RawLayout()
         if self.layout.label_dim != 1:
-            raise ReaderError("error: only one label per sample is supported (label_dim=1)")
+            raise ReaderError(
+                f"{self.paths[0]}: error: only one label per sample is supported (label_dim=1)"
+            )
         self.wrap_keys = wrap_keys
-        self.hotness = _slot_hotness(plan)
+        self.hotness = _slot_hotness(plan, f"{self.paths[0]} (read as HugeCTR raw data)")
         self.dense_features = dense_features
         self.dtype = self.layout.record(dense_features, sum(self.hotness))
         size = self.dtype.itemsize
@@ -616,7 +620,7 @@ def write_hugectr_raw(
     float32, or for an int32 dense layout as `rint(expm1(max(d, 0)))`.
     """
     lay = layout or RawLayout()
-    hot = _slot_hotness(plan)
+    hot = _slot_hotness(plan, f"{path} (HugeCTR raw output)")
     total = 0
     with open(path, "wb") as out:
         for b in batches:
@@ -672,4 +676,6 @@ def open_dataset(
         return CriteoTSVReader(paths, plan, dense_features=dense_features, **options)
     if kind == "hugectr":
         return HugeCTRRawReader(paths, plan, dense_features=dense_features, **options)
-    raise ReaderError(f"error: unknown dataset format {fmt!r} (criteo, hugectr or auto)")
+    raise ReaderError(
+        f"{paths[0]}: error: unknown dataset format {fmt!r} (criteo, hugectr or auto)"
+    )

@@ -307,8 +307,11 @@ def test_raw_key_outside_table_and_wrong_layout_name_the_record(tmp_path):
 def test_raw_needs_fixed_integer_hotness(tmp_path):
     path = tmp_path / "x.bin"
     path.write_bytes(b"")
-    with pytest.raises(ReaderError, match="fixed number of keys per slot"):
+    with pytest.raises(ReaderError, match="fixed number of keys per slot") as e:
         HugeCTRRawReader(path, make_plan({"f0": 2.5}))
+    # the file named once, and the way out: Criteo TSV takes any bag length
+    assert str(e.value).startswith(f"{path} (read as HugeCTR raw data): error: feature `f0`")
+    assert "--data-format criteo" in str(e.value)
 
 
 def test_open_dataset_sniffs_the_format(tmp_path):
