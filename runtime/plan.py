@@ -165,7 +165,8 @@ def feature_problem(f: PlanFeature, rows: int) -> str | None:
         if f.fixed and f.max_hotness != f.hotness:
             return (
                 f"feature `{f.name}`: a fixed bag has exactly hotness ids, but hotness is "
-                f"{f.hotness:g} and max_hotness {f.max_hotness}"
+                f'{f.hotness:g} and max_hotness {f.max_hotness} (`"fixed": false` makes '
+                "bags of 1 to max_hotness ids, hotness on average)"
             )
     return None
 
