@@ -1232,7 +1232,7 @@ class Lowerer:
             )
             self.error(
                 f"batch {model.batch_size} is not divisible by the {w} GPUs "
-                f"({topo.nodes} nodes x {topo.gpus_per_node})",
+                f"({_nodes(topo.nodes)} x {topo.gpus_per_node})",
                 span_of(fld.values[0], b.file),
                 hint,
             )
@@ -1345,12 +1345,12 @@ class Lowerer:
             biggest = max(tables, key=lambda t: t.bytes)
             self.error(
                 f"the tables need {format_bytes(total)} (weights and optimizer state) but the "
-                f"cluster holds {format_bytes(capacity)} ({topo.nodes} nodes x "
+                f"cluster holds {format_bytes(capacity)} ({_nodes(topo.nodes)} x "
                 f"{topo.gpus_per_node} GPUs x ({format_bytes(topo.hbm_bytes)}{headroom})): "
                 f"short by {format_bytes(total - capacity)}",
                 span,
                 (
-                    f"use at least {need_nodes:,} nodes, bigger GPUs, or smaller tables "
+                    f"use at least {_nodes(need_nodes)}, bigger GPUs, or smaller tables "
                     f"(the largest, `{biggest.name}`, needs {format_bytes(biggest.bytes)})"
                     if need_nodes < 10**9
                     else f"the largest table, `{biggest.name}`, needs "
@@ -1368,6 +1368,11 @@ class Lowerer:
                 span,
                 "pin fewer or smaller tables to `dp`",
             )
+
+
+def _nodes(n: int) -> str:
+    """`1 node`, `16 nodes`, `1,024 nodes`."""
+    return f"{n:,} node" + ("" if n == 1 else "s")
 
 
 def _unquote(s: str) -> str:
