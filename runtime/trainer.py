@@ -294,7 +294,11 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
             return _Reference(program, plan, args).run()
         return _run_sharded(program, plan, args)
     except _user_errors() as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
+        # every rank that fails says so, naming itself: one rank's full disk or bad node
+        # is then told apart from an error all of them share
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        who = f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""
+        print(f"train.py: error: {who}{e}", file=sys.stderr)
         return EXIT_USER_ERROR
 
 
