@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from embark_runtime.files import output_target
 from embarkc import __version__
 from embarkc.diagnostics import EmbarkError
 
@@ -142,20 +143,6 @@ def atomic_write(target: Path, data: bytes, executable: bool = False) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def output_target(path: Path) -> Path | None:
-    """Where a user-named output is written atomically: the file itself or, through a
-    symbolic link to a file, the file it names (the link stays a link). None when the
-    path is a stream (a device such as /dev/null, a pipe, a terminal, /dev/stdout on one):
-    a rename would put a regular file in its place, so it is written in place."""
-    try:
-        st = os.stat(path)  # follows links
-    except OSError:
-        return path  # nothing there yet (or unreadable: atomic_write says why)
-    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        return Path(os.path.realpath(path)) if os.path.islink(path) else path
-    return None
 
 
 def is_stdout(path: Path) -> bool:

@@ -445,6 +445,12 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                 )
 
 
+def _first_error(e: ValidationError) -> tuple[str, str]:
+    """(dotted field path, message) of a validation's first error."""
+    err = e.errors()[0]
+    return ".".join(str(p) for p in err["loc"]), err["msg"]
+
+
 def parse_plan(text: str, path: str = "<plan>") -> Plan:
     """Parse and validate plan text; raise PlanError with the broken rule."""
     try:
@@ -465,20 +471,18 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
     try:
         plan = Plan.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise PlanError(path, "schema", f"field `{where}`: {err['msg']}") from None
+        where, msg = _first_error(e)
+        raise PlanError(path, "schema", f"field `{where}`: {msg}") from None
     try:
         _OwnFields.model_validate(
             {k: data[k] for k in ("estimate", "planner", "model", "seed") if k in data}
         )
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+        where, msg = _first_error(e)
         raise PlanError(
             path,
             "schema",
-            f"field `{where}` (a field of embarkc's own, docs/plan.md): {err['msg']}; "
+            f"field `{where}` (a field of embarkc's own, docs/plan.md): {msg}; "
             "re-plan the spec, or delete the field",
         ) from None
     validate_rules(plan, path)

@@ -49,7 +49,6 @@ import json
 import math
 import os
 import signal
-import stat
 import sys
 import tempfile
 import time
@@ -73,6 +72,7 @@ from embark_runtime.dense import (
     make_optimizer,
     optimizer_state_tensors,
 )
+from embark_runtime.files import output_target
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.plan import Plan, PlanError, load_plan
 
@@ -434,47 +434,36 @@ def _mib(n: float) -> str:
 
 def export_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
     """Write `tables` ([rows, dim] float arrays by name) atomically, by the file's suffix
-    (TrainerError when the file system refuses; an older file stays whole)."""
+    (TrainerError when the file system refuses; an older file stays whole). A link has
+    the file it names written; a stream (/dev/null, a pipe) is written in place
+    (`embark_runtime.files.output_target`)."""
     arrays = {k: np.ascontiguousarray(v) for k, v in tables.items()}
+    target = output_target(path)
+    dest = path if target is None else target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
-        st = os.stat(path)  # follows links
-    except OSError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-        # a stream (/dev/null, a pipe): written into, never replaced by a file
-        try:
-            with open(path, "wb") as f:
-                if path.suffix == ".safetensors":
-                    from safetensors.numpy import save
-
-                    f.write(save(arrays))
-                else:
-                    np.savez(f, **arrays)  # type: ignore[arg-type]
-        except OSError as e:
-            raise TrainerError(
-                f"--export-embeddings {path}: cannot write: {e.strerror or e}"
-            ) from None
-        return
-    if st is not None and path.is_symlink():
-        path = Path(os.path.realpath(path))  # the file the link names; the link stays
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if target is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":
-            from safetensors.numpy import save_file
+            from safetensors.numpy import save, save_file
 
-            save_file(arrays, str(tmp))
+            if target is None:  # save_file would replace the stream with a file
+                with dest.open("wb") as f:
+                    f.write(save(arrays))
+            else:
+                save_file(arrays, str(dest))
         else:
-            with tmp.open("wb") as f:
+            with dest.open("wb") as f:
                 np.savez(f, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, path)
+        if target is not None:
+            os.replace(dest, target)
     except OSError as e:
         raise TrainerError(f"--export-embeddings {path}: cannot write: {e.strerror or e}") from None
     finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # its folder is not there either
+        if target is not None:
+            try:
+                dest.unlink(missing_ok=True)
+            except OSError:
+                pass  # its folder is not there either
 
 
 def load_exported(path: Path) -> dict[str, np.ndarray]:

@@ -145,9 +145,9 @@ def lower_bound(cm: CostModel) -> LowerBound:
                 keys += min(k for _, k in allowed)
             else:
                 beyond = float(cm.keys_beyond_window(np.array([keys / W]))[0])
-                lb = LowerBound(0.0, kinds, work / W, beyond, _fixed(cm, kinds))
-                t = lb.work + lb.keys + lb.fixed
+                fixed = _fixed(cm, kinds)
+                t = work / W + beyond + fixed
                 if best is None or t < best.step_time:
-                    best = LowerBound(t, kinds, lb.work, lb.keys, lb.fixed)
+                    best = LowerBound(t, kinds, work / W, beyond, fixed)
     assert best is not None, "every table has an allowed option"
     return best
