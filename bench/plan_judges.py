@@ -32,6 +32,18 @@ several judges that differ from ours in how the hardware is assumed to behave:
   window. A rank's time is the larger of its step without the key phase and each link's
   total occupancy (keys included) less the keys it carries during the window (up to the
   window). A bound for a runtime that streams keys at any time.
+* `forward waits`: the forward all-to-all of the results starts when the last rank
+  enters it (NCCL's point-to-point transfers of large messages move only while both
+  peers run the collective's kernel), so a rank that finishes its lookups early cannot
+  send ahead. The step is the slowest rank's chain from the backward all-to-all to the
+  forward one (backward results, HBM work of the update and the next lookups, dp
+  exchange) plus the slowest rank's forward all-to-all, plus the keys beyond the window
+  of the slowest key phase. Ours lets a rank's forward results start when its own
+  lookups end, as if every peer were ready then.
+* `phases wait`: every phase waits for every rank (bulk-synchronous): the sum over the
+  phases (HBM work, keys beyond the window, forward and backward all-to-alls, dp
+  exchange) of the slowest rank's time in it. A pessimistic bound: a plan that trades a
+  rank's lookups against its links loses what it traded.
 
 The plans are not re-planned per judge: the question is how plans made for our model fare
 under another. For each judge the bench prints the step time of every plan and the ratios
@@ -75,6 +87,10 @@ class Judge:
     """The key phase overlaps the rest of the step and only occupies the links."""
     window: float = 1.0
     """Factor on our dense compute window, under which key time hides."""
+    sync: str = "none"
+    """none: a rank's phases add, the slowest rank decides (ours); forward: the forward
+    all-to-all starts when every rank has entered it; phases: every phase waits for
+    every rank."""
 
 
 JUDGES = (
@@ -88,18 +104,24 @@ JUDGES = (
     Judge("keys in full", window=0.0),
     Judge("dense x8 faster", window=0.125),
     Judge("keys hidden", keys_hidden=True),
+    Judge("forward waits", sync="forward"),
+    Judge("phases wait", sync="phases"),
 )
 
 
-def rank_seconds(
-    plan: Any, rc: Any, ring: tuple[float, float], judge: Judge, window: float | None = None
-) -> float:
-    """One rank's step time under `judge`, from the simulator's counts `rc` (a RankCounts).
+@dataclass(frozen=True)
+class _Parts:
+    """One rank's step under a judge, before the phases are combined."""
 
-    `ring` is the dp dense all-reduce's (NVLink, NIC) seconds of its slowest rank: the
-    phases of the hierarchical all-reduce move in lock step, so every rank waits for it.
-    With `judge` = Judge("embarkc") this is `embarkc.simulate.step_time_of`'s sum.
-    """
+    hbm: float
+    per_phase: list[tuple[float, float]]
+    """(NVLink, NIC) seconds of each of A2A_PHASES."""
+    fixed: float
+    key_calls: float
+    window: float
+
+
+def _parts(plan: Any, rc: Any, judge: Judge, window: float | None) -> _Parts:
     from embarkc.planner import constants as C
     from embarkc.simulate import key_window
 
@@ -128,8 +150,30 @@ def rank_seconds(
         nbytes = max(rc.sent.get(phase, {}).get(lk, 0.0), rc.received.get(phase, {}).get(lk, 0.0))
         return nbytes / (bw_i if lk == "intra" else bw_n)
 
-    hbm = rc.hbm_bytes / bw_hbm
     per_phase = [(link(p, "intra"), link(p, "inter")) for p in A2A_PHASES]
+    return _Parts(rc.hbm_bytes / bw_hbm, per_phase, fixed, key_calls, window)
+
+
+def _phase_times(judge: Judge, parts: _Parts) -> list[float]:
+    """Seconds of each of A2A_PHASES on the rank, its two links serial or concurrent."""
+    if judge.links == "concurrent":
+        return [max(ti, tn) for ti, tn in parts.per_phase]
+    return [ti + tn for ti, tn in parts.per_phase]
+
+
+def rank_seconds(
+    plan: Any, rc: Any, ring: tuple[float, float], judge: Judge, window: float | None = None
+) -> float:
+    """One rank's step time under `judge`, from the simulator's counts `rc` (a RankCounts),
+    its phases added (a judge that synchronises phases combines ranks in `step_seconds`).
+
+    `ring` is the dp dense all-reduce's (NVLink, NIC) seconds of its slowest rank: the
+    phases of the hierarchical all-reduce move in lock step, so every rank waits for it.
+    With `judge` = Judge("embarkc") this is `embarkc.simulate.step_time_of`'s sum.
+    """
+    parts = _parts(plan, rc, judge, window)
+    hbm, per_phase, fixed, key_calls = parts.hbm, parts.per_phase, parts.fixed, parts.key_calls
+    window = parts.window
     # each link's total occupancy over the step
     nvl = sum(t for t, _ in per_phase) + ring[0]
     net = sum(t for _, t in per_phase) + ring[1]
@@ -145,12 +189,27 @@ def rank_seconds(
         # the key calls hide as well
         return max(chain, nvl_step, net_step) + fixed - key_calls
     # the key phase (first) counts only beyond the dense compute window
-    if judge.links == "concurrent":
-        times = [max(ti, tn) for ti, tn in per_phase]
-    else:
-        times = [ti + tn for ti, tn in per_phase]
+    times = _phase_times(judge, parts)
     comm = max(0.0, times[0] - window) + sum(times[1:])
     return hbm + comm + ring[0] + ring[1] + fixed
+
+
+def synchronized_seconds(
+    plan: Any, per_rank: list[Any], ring: tuple[float, float], judge: Judge, window: float
+) -> float:
+    """The step time under a judge whose collectives wait for every rank (`judge.sync`
+    "forward" or "phases"), from every rank's counts."""
+    parts = [_parts(plan, rc, judge, window) for rc in per_rank]
+    phases = [_phase_times(judge, p) for p in parts]  # distributor, forward, backward, dp
+    # the key phase is a collective: its slowest rank's time beyond the window
+    keys = max(0.0, max(t[0] for t in phases) - parts[0].window)
+    fwd = max(t[1] for t in phases)
+    if judge.sync == "phases":
+        rest = max(p.hbm for p in parts) + max(t[2] for t in phases) + max(t[3] for t in phases)
+    else:
+        rest = max(p.hbm + t[2] + t[3] for p, t in zip(parts, phases, strict=True))
+    # latencies and launches are the same on every rank
+    return rest + keys + fwd + ring[0] + ring[1] + parts[0].fixed
 
 
 def ring_seconds(plan: Any, per_rank: list[Any], judge: Judge) -> tuple[float, float]:
@@ -175,6 +234,8 @@ def step_seconds(plan: Any, result: Any, judge: Judge) -> float:
 
     ring = ring_seconds(plan, result.per_rank, judge)
     window = key_window(plan)
+    if judge.sync != "none":
+        return synchronized_seconds(plan, result.per_rank, ring, judge, window)
     return max(rank_seconds(plan, rc, ring, judge, window) for rc in result.per_rank)
 
 

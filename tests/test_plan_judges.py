@@ -49,6 +49,9 @@ def test_the_embarkc_judge_is_the_simulators_step_time(bench, window: float) -> 
         assert by["pipelined"] <= by["concurrent links"] <= by["embarkc"]
         assert by["pipelined"] < by["embarkc"]
         assert by["keys hidden"] <= by["embarkc"]
+        # waiting for every rank at the forward all-to-all, then at every phase, can only
+        # lengthen a step
+        assert by["embarkc"] <= by["forward waits"] <= by["phases wait"]
         # a shorter window hides less
         assert by["embarkc"] <= by["dense x8 faster"] <= by["keys in full"]
         assert (by["embarkc"] < by["keys in full"]) == (window > 0)
@@ -163,3 +166,46 @@ def test_bad_arguments_are_refused_before_any_planning(bench, capsys, args, says
         bench.main(args)
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_synchronising_judges_wait_for_the_slowest_rank_of_each_phase(bench) -> None:
+    """Two ranks that trade HBM work against the NIC: ours adds each rank's phases, the
+    synchronising judges take the slowest rank of each phase (hand-computed)."""
+    plan = make_plan(nodes=2, gpus=2)
+    topo = plan.topology
+    bw_h = topo.hbm_bandwidth * C.HBM_EFFICIENCY
+    bw_n = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
+    ms = 1e-3
+
+    def counts(rank: int, hbm: float, keys: float, fwd: float, bwd: float) -> RankCounts:
+        return RankCounts(
+            rank=rank,
+            hbm_bytes=bw_h * hbm * ms,
+            sent={
+                "distributor": {"inter": bw_n * keys * ms},
+                "forward": {"inter": bw_n * fwd * ms},
+            },
+            received={"backward": {"inter": bw_n * bwd * ms}},
+        )
+
+    heavy_hbm = counts(0, hbm=3.0, keys=0.5, fwd=0.25, bwd=0.25)
+    heavy_net = counts(1, hbm=1.0, keys=0.1, fwd=1.0, bwd=1.5)
+    res = type("R", (), {"per_rank": [heavy_hbm, heavy_net]})()
+    J = bench.Judge
+    fixed = bench._parts(plan, heavy_hbm, J("embarkc"), 0.0).fixed
+    by = {
+        sync: bench.synchronized_seconds(plan, res.per_rank, (0.0, 0.0), J(sync, sync=sync), 0.0)
+        for sync in ("forward", "phases")
+    }
+    # ours: the slowest rank's sum, rank 0: 3 + 0.5 + 0.25 + 0.25 = 4.0 ms (rank 1: 3.6 ms)
+    ours = max(bench.rank_seconds(plan, rc, (0.0, 0.0), J("embarkc"), 0.0) for rc in res.per_rank)
+    assert ours == pytest.approx(4.0 * ms + fixed)
+    # forward waits: the slowest chain of backward + HBM (rank 0: 3.25, rank 1: 2.5 ms),
+    # then the slowest forward (rank 1, 1 ms) and the slowest key phase (rank 0, 0.5 ms)
+    assert by["forward"] == pytest.approx((3.25 + 1.0 + 0.5) * ms + fixed)
+    # phases wait: 3 (HBM) + 0.5 (keys) + 1 (forward) + 1.5 (backward)
+    assert by["phases"] == pytest.approx((3.0 + 0.5 + 1.0 + 1.5) * ms + fixed)
+    # a dense compute window of 0.4 ms hides that much of the slowest key phase
+    plan4 = _with_window(plan, 4e-4)
+    w = bench.synchronized_seconds(plan4, res.per_rank, (0.0, 0.0), J("f", sync="forward"), 4e-4)
+    assert w == pytest.approx((3.25 + 1.0 + 0.1) * ms + fixed)
