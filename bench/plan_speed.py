@@ -7,7 +7,8 @@
   against every fixed baseline, and the CPU and wall time of the whole CP-SAT plan
   command (greedy + refinement; the machine may be shared, so CPU time is the figure),
   and the planner's lower bound on any plan (`planner.lower_bound`) with the largest
-  speed-up over the best fixed strategy that it leaves possible.
+  speed-up over the best fixed strategy that it leaves possible, and the CP-SAT plan's
+  critical path (`estimate.critical_path`: every phase at its slowest rank).
 Prints markdown tables (what bench/results_planner.md records).
 """
 
@@ -51,9 +52,10 @@ def quality(cpsat: float) -> None:
     print(
         "| workload | GPUs | greedy (ms) | cp-sat (ms) | mean rank (ms) | status | table-wise "
         "| row-wise | column-wise | table-row-wise | data-parallel | vs TRW | vs best fixed "
-        "| lower bound (ms) | best fixed / bound | plan CPU (s) | plan wall (s) |"
+        "| lower bound (ms) | best fixed / bound | critical path (ms) | plan CPU (s) "
+        "| plan wall (s) |"
     )
-    print("| --- " * 18 + "|")
+    print("| --- " * 19 + "|")
     for name in NAMES:
         for nodes in (1, 4, 16):
             prog = program_from_workload(WORKLOADS / f"{name}.json", nodes)
@@ -70,13 +72,14 @@ def quality(cpsat: float) -> None:
             trw = base.get("table-row-wise", float("nan"))
             fixed = min(base.values()) if base else float("nan")
             low = float((c.planner.model_extra or {})["lower_bound"])
+            path = float((c.estimate.model_extra or {})["critical_path"])
             print(
                 f"| {name} | {nodes * 8} | {g.estimate.step_time * 1e3:.3f} | {best * 1e3:.3f} "
                 f"| {mean * 1e3:.3f} | {c.planner.status} | "
                 + " | ".join(cols)
                 + f" | {_ratio(trw, best)} "
                 f"| {_ratio(fixed, best)} | {low * 1e3:.3f} | {_ratio(fixed, low)} "
-                f"| {cpu:.1f} | {wall:.1f} |",
+                f"| {path * 1e3:.3f} | {cpu:.1f} | {wall:.1f} |",
                 flush=True,
             )
 

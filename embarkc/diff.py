@@ -125,6 +125,24 @@ class PlanView(_Frozen):
     bound: float | None
     lower_bound: float | None
     """The planner's lower bound on any plan of the spec (`embarkc.planner.bound`)."""
+    critical_path: float | None = None
+    """The step time if every phase waited for its slowest rank (docs/plan.md)."""
+
+
+def _critical_path(estimate: Any, ranks: list[RankView]) -> float | None:
+    """The estimate's `critical_path`, or, for a plan written before it, the same sum from
+    its ranks' components; None when neither is there."""
+    got = _get(estimate, "critical_path")
+    if got is not None:
+        return float(got)
+    if not ranks or any(r.components is None for r in ranks):
+        return None
+    from embarkc.planner.cost import PHASE_GROUPS
+
+    return sum(
+        max(sum(r.components[c] for c in g) for r in ranks if r.components is not None)
+        for g in PHASE_GROUPS
+    )
 
 
 def _extra(model: BaseModel, key: str) -> Any:
@@ -273,6 +291,7 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
         status=str(_get(planner, "status") or plan.planner.status),
         bound=None if bound is None else float(bound),
         lower_bound=None if low is None else float(low),
+        critical_path=_critical_path(estimate, ranks),
     )
 
 
@@ -310,6 +329,7 @@ class Summary(_Frozen):
     status_b: str
     bound: Change
     lower_bound: Change
+    critical_path: Change
 
 
 class TableChange(_Frozen):
@@ -620,6 +640,7 @@ def diff_views(
         status_b=vb.status,
         bound=_change(va.bound, vb.bound),
         lower_bound=_change(va.lower_bound, vb.lower_bound),
+        critical_path=_change(va.critical_path, vb.critical_path),
     )
 
     changed: list[TableChange] = []
@@ -867,6 +888,12 @@ def render_markdown(d: PlanDiff) -> str:
     rows = [
         ["step time", fmt_time(s.step_time.a), fmt_time(s.step_time.b), fmt_pct(s.step_time)],
         [
+            "critical path (phases wait)",
+            fmt_time(s.critical_path.a),
+            fmt_time(s.critical_path.b),
+            fmt_pct(s.critical_path),
+        ],
+        [
             "peak memory / GPU",
             fmt_bytes(s.peak_memory.a),
             fmt_bytes(s.peak_memory.b),
@@ -1053,6 +1080,12 @@ def render_terminal(d: PlanDiff, console: Any) -> None:
         fmt_time(s.step_time.a),
         fmt_time(s.step_time.b),
         coloured(s.step_time, fmt_pct(s.step_time)),
+    )
+    t.add_row(
+        "critical path (phases wait)",
+        fmt_time(s.critical_path.a),
+        fmt_time(s.critical_path.b),
+        coloured(s.critical_path, fmt_pct(s.critical_path)),
     )
     t.add_row(
         "peak memory / GPU",

@@ -144,6 +144,17 @@ class SimResult:
     dense_allreduce_time: float = 0.0
     """The dense model's gradient all-reduce (the same for every plan; not in step_time)."""
 
+    @property
+    def critical_path(self) -> float:
+        """The step time if every phase waited for its slowest rank (the planner's
+        `RankState.critical_path`, of the counted components)."""
+        from embarkc.planner.cost import PHASE_GROUPS
+
+        return sum(
+            max(sum(rc.components.get(c, 0.0) for c in g) for rc in self.per_rank)
+            for g in PHASE_GROUPS
+        )
+
 
 # --------------------------------------------------------------------------- counting
 
@@ -919,7 +930,7 @@ def compare_with_estimate(plan: Plan, result: SimResult) -> dict[str, float | No
     """How far the plan's `estimate` is from the simulation, in % of the simulated value.
 
     Keys: every component (the estimate's critical rank against the same simulated rank),
-    `step_time`, and `mean_rank_time` (the mean over ranks of |estimate - simulated| of
+    `step_time`, `critical_path`, and `mean_rank_time` (the mean over ranks of |estimate - simulated| of
     each rank's time). Signed values are (estimate - simulated) / simulated. None where
     the estimate lacks the figure or the simulated value is 0.
     """
@@ -935,6 +946,7 @@ def compare_with_estimate(plan: Plan, result: SimResult) -> dict[str, float | No
     for name in COMPONENTS:
         out[name] = _pct(est_comps.get(name), sim_comps.get(name, 0.0))
     out["step_time"] = _pct(est.step_time, result.step_time)
+    out["critical_path"] = _pct(extra.get("critical_path"), result.critical_path)
     diffs = []
     for pr in est.per_rank:
         p = _pct(pr.time, by_rank[pr.rank].time if pr.rank in by_rank else 0.0)

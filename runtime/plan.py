@@ -8,9 +8,9 @@ tools read them with `load_plan`, which rejects a plan that breaks a rule of the
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params, tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
-  topology.{arch, dense_flops}, model, seed, estimate.{critical_rank, components,
-  per_rank[].components, per_rank[].memory, per_table, key_window}, planner.{objective,
-  bound, greedy_step_time, baselines, message}
+  topology.{arch, dense_flops}, model, seed, estimate.{critical_rank, critical_path,
+  components, per_rank[].components, per_rank[].memory, per_table, key_window},
+  planner.{objective, bound, greedy_step_time, baselines, message}
 """
 
 from __future__ import annotations
@@ -238,6 +238,7 @@ class _OwnTableRow(_M):
 class _OwnEstimate(_M):
     per_rank: list[_OwnRank] = []
     critical_rank: int | None = Field(default=None, ge=0)
+    critical_path: float | None = Field(default=None, ge=0)
     components: dict[str, float] | None = None
     per_table: list[_OwnTableRow] | None = None
     key_window: float | None = Field(default=None, ge=0)

@@ -132,6 +132,9 @@ def test_every_plan_is_valid_deterministic_and_fits(program):
     # no plan beats the lower bound (within the distinct-id statistics' accuracy)
     low = (plan.planner.model_extra or {})["lower_bound"]
     assert 0 < low <= plan.estimate.step_time * (1 + 1e-5)
+    # waiting for every rank in every phase can only lengthen the step
+    path = (plan.estimate.model_extra or {})["critical_path"]
+    assert path >= plan.estimate.step_time * (1 - 1e-9)
     text = dumps_plan(plan)
     assert dumps_plan(plan_program(program, solver="greedy")) == text
     assert dumps_plan(parse_plan(text)) == text  # the loader accepts it unchanged

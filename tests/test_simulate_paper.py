@@ -45,6 +45,9 @@ def test_estimate_is_within_a_few_percent_of_the_simulation(
     result = simulate(plan, batches=1, seed=0)
     diff = compare_with_estimate(plan, result)
     assert abs(diff["step_time"]) < 3.0, diff
+    # the critical path of the counted components agrees as well
+    assert abs(diff["critical_path"]) < 3.0, diff
+    assert result.critical_path >= result.step_time * (1 - 1e-12)
     assert diff["mean_rank_time"] is not None and diff["mean_rank_time"] < 3.0, diff
     for name, sim in result.per_rank[plan.estimate.model_extra["critical_rank"]].components.items():
         if sim > 0.05 * result.step_time:

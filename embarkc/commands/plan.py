@@ -143,6 +143,12 @@ def _print(plan: Any, wall: float, output: str | None) -> None:
         )
     elif window is not None:
         print("  keys: charged in full (the hardware gives no dense_flops)")
+    path = extra.get("critical_path")
+    if path and topo.nodes * topo.gpus_per_node > 1:
+        print(
+            f"  critical path {_ms(path)} if every phase waited for its slowest rank "
+            "(lookups, keys, results, dp exchange)"
+        )
     ranks = sorted(est.per_rank, key=lambda r: (-r.time, r.rank))
     shown = ranks if len(ranks) <= 2 * SHOWN_RANKS else ranks[:SHOWN_RANKS]
     print("  rank      time     memory (weights+state)  buffers")

@@ -167,5 +167,11 @@ def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_
         f"  {'step time':22s} {_ms(est.step_time):>14} {_ms(result.step_time):>12}   "
         f"{_pct(diff.get('step_time'))}"
     )
+    if plan.world_size > 1:
+        path = (est.model_extra or {}).get("critical_path")
+        print(
+            f"  {'critical path':22s} {_ms(path) if path is not None else 'n/a':>14} "
+            f"{_ms(result.critical_path):>12}   {_pct(diff.get('critical_path'))}"
+        )
     if diff.get("mean_rank_time") is not None:
         print(f"  mean |difference| of the per-rank times: {diff['mean_rank_time']:.2f}%")

@@ -279,7 +279,7 @@ def plan_program(
     from embarkc.planner import baselines as bl
     from embarkc.planner.bound import lower_bound
     from embarkc.planner.cost import CostModel
-    from embarkc.planner.greedy import greedy
+    from embarkc.planner.greedy import balanced_phases, greedy
 
     opts = program.options
     strategy = strategy or opts.strategy
@@ -317,6 +317,9 @@ def plan_program(
             # refinement (a few seconds on T510 at 128 GPUs): it gets REFINE_SHARE of it
             r = refine(cm, g, time_limit=time_limit * REFINE_SHARE, seed=seed, progress=progress)
             layout = r.layout
+            if layout != g.layout:
+                # the greedy's layout had its phases balanced; CP-SAT's new one gets the same
+                layout = balanced_phases(cm, g.units, layout, progress)
             info.update(
                 solver="cp-sat",
                 status=r.status,

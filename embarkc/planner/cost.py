@@ -56,6 +56,13 @@ midpoint integral of a zipf density is accurate to well under 0.1 %."""
 
 _TAIL_POINTS = 257
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
+PHASE_GROUPS = (("lookup",), ("distributor",), ("nvlink", "network"), ("dp_exchange",))
+"""The components of a step that run as phases between collectives: the HBM work, the
+key all-to-all, the result and gradient all-to-alls (NVLink then network in each, the
+backward mirroring the forward), the dp exchange. `RankState.critical_path` charges each
+its slowest rank, as a runtime whose collectives wait for every rank does (TorchRec's
+planner assumes a synchronisation after each of forward and backward communication and
+computation)."""
 
 
 # --------------------------------------------------------------------------- access statistics
@@ -978,6 +985,12 @@ class RankState:
     def step_time(self) -> float:
         return float(self.times().max())
 
+    def critical_path(self, comp: dict[str, np.ndarray] | None = None) -> float:
+        """The step time if every phase waited for its slowest rank (`PHASE_GROUPS`), of
+        `comp` (`components()` when None)."""
+        comp = self.components() if comp is None else comp
+        return float(sum(t.max() for t in phase_times(comp)))
+
     def memory(self) -> np.ndarray:
         """Weights + optimizer state + buffers per rank."""
         out = (
@@ -1018,12 +1031,18 @@ class RankState:
         return {
             "step_time": float(times[crit]),
             "critical_rank": crit,
+            "critical_path": self.critical_path(comp),
             "components": {k: float(v[crit]) for k, v in comp.items()},
             "per_rank": per_rank,
             "per_table": per_table(cm, layout),
             "dense_allreduce_time": cm.dense_allreduce_time(),
             "key_window": cm.key_window,
         }
+
+
+def phase_times(comp: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Seconds per rank of each of PHASE_GROUPS, from the components `comp`."""
+    return [np.sum([comp[c] for c in g], axis=0) for g in PHASE_GROUPS]
 
 
 def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> np.ndarray:

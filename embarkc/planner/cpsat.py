@@ -78,7 +78,14 @@ import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
 from embarkc.planner.cost import CostModel, RankState, aggregator_seconds
-from embarkc.planner.greedy import P_NORM, Decision, GreedyResult, one_node, unit_cells
+from embarkc.planner.greedy import (
+    P_NORM,
+    Decision,
+    GreedyResult,
+    decision_of,
+    one_node,
+    unit_cells,
+)
 from embarkc.planner.types import Layout, Placement
 
 LNS_RANKS = 4
@@ -261,13 +268,6 @@ def _clone(st: RankState) -> RankState:
             setattr(out, k, v.copy())
     out.counts = dict(st.counts)
     return out
-
-
-def decision_of(p: Placement) -> Decision:
-    """The grid decision of a planner placement."""
-    if p.kind == "dp":
-        return Decision("dp")
-    return Decision(p.kind, p.row_shards, len(p.widths), p.communication)
 
 
 def grid_options(cm: CostModel, u: Unit, d: Decision, max_cells: int) -> list[Decision]:

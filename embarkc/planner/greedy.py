@@ -33,7 +33,10 @@
    two, and of the starts, is kept.
 6. `Search.rebalance` (programs of up to FOUR_START_UNITS units): single cells of the
    critical rank moved, or swapped with lighter cells, onto the least-loaded ranks and
-   the ranks of their node, by the exact model; the result is returned.
+   the ranks of their node, by the exact model.
+7. `balanced_phases`: the critical path (every phase at its slowest rank,
+   `RankState.critical_path`) lowered by cell and unit moves that do not raise the step
+   time (`Search.balance_phases`); the result is returned.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from embarkc.planner.clusters import (
     unit_bytes,
     units_of,
 )
-from embarkc.planner.cost import CostModel, RankState, owner_seconds
+from embarkc.planner.cost import CostModel, RankState, owner_seconds, phase_times
 from embarkc.planner.types import Layout, Placement, column_widths
 from embarkc.units import format_bytes
 
@@ -145,6 +148,19 @@ carries more results for nothing, and one whose HBM is busy sheds lookups). It k
 the column cells of one row shard on distinct ranks. On the paper's programs of up to
 FOUR_START_UNITS units it gains up to 0.5 % (DCNv2 on 128 GPUs 0.636 -> 0.633 ms, T180
 on 128 GPUs 4.199 -> 4.184)."""
+
+PHASE_EVALS = 4000
+"""Layouts one pass of `Search.balance_phases` evaluates at most (cell moves and unit
+moves alike; T180 on 128 GPUs: four passes in 1.4 s of CPU, T510 one in 0.55 s)."""
+
+PHASE_PASSES = 4
+"""Passes of `Search.balance_phases` at most (`balanced_phases`; one for programs of more
+than FOUR_START_UNITS units)."""
+
+PHASE_MIN_GAIN = 0.01
+"""`balanced_phases` stops after a pass that lowered the critical path by less than this
+share (planning time; T180 on 128 GPUs 5.026 -> 4.779 -> 4.729 -> 4.581 ms, then
+nothing)."""
 
 REBALANCE_TARGETS = 16
 """`Search.rebalance` tries the critical rank's cells on this many of the least-loaded
@@ -666,6 +682,166 @@ class Search:
             return None
         return [(name, ci, tr), (n2, cj, crit)]
 
+    def balance_phases(self, max_evals: int, cap: float | None = None) -> tuple[float, float]:
+        """Lower the critical path (`RankState.critical_path`: every phase waits for its
+        slowest rank) without raising the step time. The step time lets a rank light in
+        one phase carry more of another, which a runtime whose collectives wait for every
+        rank does not credit; among the layouts of equal step time this moves towards
+        those whose phases are balanced too. Moves: single cells off the slowest rank of
+        a phase (phases by how far their slowest rank is above their mean), alone or
+        swapped with a cell of any size, to the ranks lightest in that phase, lightest
+        in all, or of its node (memory and one-node units respected); when no cell move
+        helps, the `candidates` of the heaviest units of that rank. It applies the move
+        that lowers the phases' 16-norms most (`_phase_score`) with the step time at most
+        `cap` (where it started when None), and repeats until none does or `max_evals`
+        layouts have been evaluated; it ends in the layout of the lowest critical path
+        seen and returns (step time, critical path) there."""
+        cm = self.cm
+        free = cm.capacity - self.uniform_mem
+        st = self.state
+        cur = self._phase_score()
+        cap = cur[0] if cap is None else cap
+        best = (cur[2], self.snapshot())
+        evals = 0
+        while evals < max_evals:
+            groups = phase_times(st.components())
+            totals = np.sum(groups, axis=0)
+            # the phases by how far their slowest rank is above their mean rank
+            order = sorted(
+                range(len(groups)),
+                key=lambda g: (-float(groups[g].max() - groups[g].mean()), g),
+            )
+            on: dict[int, list[tuple[float, str, int]]] = {}
+            for name, a in self.applied.items():
+                for ci, r in enumerate(a.ranks.tolist()):
+                    on.setdefault(r, []).append((-float(a.load[ci]), name, ci))
+            found: tuple[tuple[float, ...], list[tuple[str, int, int]]] | None = None
+            for g in order:
+                t = groups[g]
+                if t.max() - t.mean() <= 1e-12 * max(cur[1], 1e-30):
+                    break
+                crit = int(np.argmax(t))
+                node = int(cm.node_of[crit])
+                light = [int(a) for a in np.argsort(t, kind="stable")]
+                idle = [int(a) for a in np.argsort(totals, kind="stable")]
+                targets = list(
+                    dict.fromkeys(
+                        light[:REBALANCE_TARGETS]
+                        + idle[:REBALANCE_TARGETS]
+                        + [a for a in light if cm.node_of[a] == node and a != crit]
+                    )
+                )
+                for _, name, ci in sorted(on.get(crit, [])):
+                    stay = one_node(self.by_name[name], self.decisions[name])
+                    for tr in targets:
+                        if tr == crit or (stay and cm.node_of[tr] != node):
+                            continue
+                        options: list[tuple[str, int] | None] = [None]
+                        options += [(n2, cj) for _, n2, cj in sorted(on.get(tr, [])) if n2 != name]
+                        for other in options:
+                            moves = self._cell_moves(name, ci, tr, crit, other, free, True)
+                            if moves is None or evals >= max_evals:
+                                continue
+                            sc = self._eval_moves(moves)
+                            evals += 1
+                            if sc[0] <= cap and sc[1] < cur[1] * (1 - 1e-9):
+                                if found is None or sc[1] < found[0][1]:
+                                    found = (sc[:2], moves)
+                    if found is not None:
+                        break  # the heaviest cell that has a move takes its best
+                if found is not None:
+                    break
+            if found is None:
+                # no cell move helps: re-place or re-grid a whole unit of a phase's
+                # slowest rank
+                which, d, spent = self._phase_unit_move(order, groups, cap, cur)
+                evals += spent
+                if which is None or d is None:
+                    break
+                u = self.by_name[which]
+                self.remove(u)
+                self.place(u, d)
+            else:
+                for name, ci, to in found[1]:
+                    ranks = self.applied[name].ranks.copy()
+                    ranks[ci] = to
+                    self._set_ranks(self.by_name[name], ranks)
+            cur = self._phase_score()
+            if cur[2] < best[0] * (1 - 1e-9):
+                best = (cur[2], self.snapshot())
+        self.restore(best[1])
+        return st.step_time(), st.critical_path()
+
+    def _phase_unit_move(
+        self,
+        order: list[int],
+        groups: list[np.ndarray],
+        cap: float,
+        cur: tuple[float, float, float],
+        top_units: int = 3,
+    ) -> tuple[str | None, Decision | None, int]:
+        """The best move (`candidates`) of the `top_units` heaviest units on the slowest
+        rank of the phases in `order` that lowers the phase norm with the step time at
+        most `cap`: (unit, decision, layouts evaluated), or (None, None, evaluated)."""
+        evals = 0
+        for g in order:
+            t = groups[g]
+            if t.max() - t.mean() <= 1e-12 * max(cur[1], 1e-30):
+                break
+            crit = int(np.argmax(t))
+            on_crit = {
+                name: load
+                for name, a in self.applied.items()
+                if (load := a.load_on(crit)) is not None
+            }
+            ranked = sorted(on_crit, key=lambda n: (-on_crit[n], self.cm.facts[n].index))
+            best: tuple[float, str, Decision] | None = None
+            for name in ranked[:top_units]:
+                u = self.by_name[name]
+                moves = self.candidates(u, self.decisions[name])
+                base = self.snapshot()
+                self.remove(u)
+                without = self.snapshot()
+                for d in moves:
+                    try:
+                        self.place(u, d)
+                        sc = self._phase_score()
+                    except NoRoom:
+                        sc = (math.inf, math.inf, math.inf)
+                    self.restore(without)
+                    evals += 1
+                    if sc[0] <= cap and sc[1] < cur[1] * (1 - 1e-9):
+                        if best is None or sc[1] < best[0]:
+                            best = (sc[1], name, d)
+                self.restore(base)
+            if best is not None:
+                return best[1], best[2], evals
+        return None, None, evals
+
+    def _phase_score(self) -> tuple[float, float, float]:
+        """(step time, the sum over `cost.PHASE_GROUPS` of the 16-norms of their rank times,
+        critical path): the norm is the search's smooth stand-in for the critical path,
+        as in `score`."""
+        groups = phase_times(self.state.components())
+        times = np.sum(groups, axis=0)
+        norm = crit = 0.0
+        for t in groups:
+            m = float(t.max())
+            crit += m
+            if m > 0:
+                norm += m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM)
+        return float(times.max()), norm, crit
+
+    def _eval_moves(self, moves: list[tuple[str, int, int]]) -> tuple[float, float, float]:
+        """`_phase_score` with the cell `moves` made; the state is left as it was."""
+        ranks = {name: self.applied[name].ranks.copy() for name, _, _ in moves}
+        for name, ci, to in moves:
+            self._move_cell(name, ranks[name], ci, to)
+        out = self._phase_score()
+        for name, ci, _ in reversed(moves):
+            self._move_cell(name, ranks[name], ci, int(self.applied[name].ranks[ci]))
+        return out
+
     def _row_shard_on(self, name: str, ci: int, rank: int) -> bool:
         """Whether another cell of cell `ci`'s row shard of unit `name` is on `rank`."""
         c = self.decisions[name].c
@@ -889,7 +1065,9 @@ def greedy(
     FOUR_START_UNITS units on more than COLUMN_ONLY_RANKS ranks these replace the other
     starts). The fastest result is rebalanced cell by cell (`Search.rebalance`): on
     programs of up to FOUR_START_UNITS units by the best move of all, then on those and on
-    larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move.
+    larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move. Last,
+    every program's critical path is lowered without raising its step time
+    (`balanced_phases`).
     """
     units = units_of(cm)
     check_fits(cm, units)
@@ -956,6 +1134,10 @@ def greedy(
     best = (cm.step_time(best[1]), best[1], best[2])  # from scratch: no drift of the sums
     if cm.W > 1 and (len(units) <= FOUR_START_UNITS or cm.W <= COLUMN_ONLY_RANKS):
         best = _rebalanced(cm, units, progress, best)
+    layout = balanced_phases(cm, units, best[1], progress)
+    if layout is not best[1]:
+        decisions = {u.name: decision_of(layout[u.tables[0]]) for u in units}
+        best = (cm.step_time(layout), layout, decisions)
     if progress is not None:
         progress("greedy", 1.0, best[0])
     return GreedyResult(best[1], best[0], best[2], units)
@@ -986,6 +1168,47 @@ def _rebalanced(
         t = cm.step_time(layout)
         if t < out[0] * (1 - 1e-9):
             out = (t, layout, dict(search.decisions))
+    return out
+
+
+def decision_of(p: Placement) -> Decision:
+    """The grid decision of a planner placement."""
+    if p.kind == "dp":
+        return Decision("dp")
+    return Decision(p.kind, p.row_shards, len(p.widths), p.communication)
+
+
+def balanced_phases(
+    cm: CostModel, units: list[Unit], layout: Layout, progress: Progress | None = None
+) -> Layout:
+    """`layout` after `Search.balance_phases`: a step time no higher (from scratch) and a
+    lower critical path, or `layout` itself when no move finds one."""
+    if cm.W == 1:
+        return layout
+    decisions = {u.name: decision_of(layout[u.tables[0]]) for u in units}
+    ub = next((d.comm for d in decisions.values() if d.kind == "ub"), None)
+    before = cm.layout_state(layout)
+    out = layout
+    before_step, crit = before.step_time(), before.critical_path()
+    # a pass ends in the best layout it saw, not where it stopped: from there the next
+    # pass can find more (T180 on 128 GPUs 5.026 -> 4.779 -> 4.729 -> 4.581 ms)
+    # planning time: programs of more than FOUR_START_UNITS units make one pass (T510 on
+    # 128 GPUs: 5.001 -> 4.853 ms in 0.55 s of CPU; a second pass, 4.837, as long again)
+    passes = PHASE_PASSES if len(units) <= FOUR_START_UNITS else min(PHASE_PASSES, 1)
+    for _ in range(passes):
+        search = Search(cm, units, progress, ub_comm=ub)
+        search.adopt(decisions, out)
+        # the step time may come back up to where it was before the first pass
+        search.balance_phases(PHASE_EVALS, cap=before_step)
+        decisions = dict(search.decisions)
+        st = cm.layout_state(search.layout)
+        if st.step_time() > before_step or st.critical_path() >= crit * (1 - 1e-9):
+            break
+        out = dict(search.layout)
+        gain = 1.0 - st.critical_path() / crit
+        crit = st.critical_path()
+        if gain < PHASE_MIN_GAIN:
+            break  # planning time: another pass would find less still
     return out
 
 
