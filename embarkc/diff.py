@@ -137,12 +137,9 @@ def _critical_path(estimate: Any, ranks: list[RankView]) -> float | None:
         return float(got)
     if not ranks or any(r.components is None for r in ranks):
         return None
-    from embarkc.planner.cost import PHASE_GROUPS
+    from embarkc.planner.cost import critical_path_of
 
-    return sum(
-        max(sum(r.components[c] for c in g) for r in ranks if r.components is not None)
-        for g in PHASE_GROUPS
-    )
+    return critical_path_of([r.components for r in ranks if r.components is not None])
 
 
 def _extra(model: BaseModel, key: str) -> Any:

@@ -148,12 +148,9 @@ class SimResult:
     def critical_path(self) -> float:
         """The step time if every phase waited for its slowest rank (the planner's
         `RankState.critical_path`, of the counted components)."""
-        from embarkc.planner.cost import PHASE_GROUPS
+        from embarkc.planner.cost import critical_path_of
 
-        return sum(
-            max(sum(rc.components.get(c, 0.0) for c in g) for rc in self.per_rank)
-            for g in PHASE_GROUPS
-        )
+        return critical_path_of([rc.components for rc in self.per_rank])
 
 
 # --------------------------------------------------------------------------- counting

@@ -153,6 +153,7 @@ def test_broken_plan_names_the_rule(mutate, rule, needle):
         ("estimate", "components", 3, "estimate.components"),
         ("estimate", "per_table", [{"time": 1}], "estimate.per_table.0.table"),
         ("estimate", "key_window", "k", "estimate.key_window"),
+        ("estimate", "critical_path", -0.5, "estimate.critical_path"),
     ],
 )
 def test_a_broken_field_of_our_own_is_named(section, field, value, where):

@@ -1045,6 +1045,12 @@ def phase_times(comp: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [np.sum([comp[c] for c in g], axis=0) for g in PHASE_GROUPS]
 
 
+def critical_path_of(per_rank: list[dict[str, float]]) -> float:
+    """`RankState.critical_path` of per-rank component seconds (a plan's
+    `per_rank[].components`, the simulator's counts; a component absent is 0)."""
+    return sum(max(sum(r.get(c, 0.0) for c in g) for r in per_rank) for g in PHASE_GROUPS)
+
+
 def owner_seconds(cm: CostModel, cv: CellValues, hierarchical: bool = False) -> np.ndarray:
     """Seconds each cell puts on its owner (HBM work, receiving ids, sending results).
 

@@ -605,10 +605,7 @@ class Search:
                     + [a for a in order if cm.node_of[a] == node and a != crit]
                 )
             )
-            on: dict[int, list[tuple[float, str, int]]] = {}
-            for name, a in self.applied.items():
-                for ci, r in enumerate(a.ranks.tolist()):
-                    on.setdefault(r, []).append((-float(a.load[ci]), name, ci))
+            on = self._cells_by_rank()
             moving = sorted(on.get(crit, []))
             found: tuple[float, list[tuple[str, int, int]]] | None = None
             for neg, name, ci in moving:
@@ -636,10 +633,7 @@ class Search:
                     break
             if found is None:
                 break
-            for name, ci, to in found[1]:
-                ranks = self.applied[name].ranks.copy()
-                ranks[ci] = to
-                self._set_ranks(self.by_name[name], ranks)
+            self._apply_cell_moves(found[1])
             cur = self.score()
             if cur[1] < best[0] * (1 - 1e-9):
                 best = (cur[1], self.snapshot())
@@ -711,10 +705,7 @@ class Search:
                 range(len(groups)),
                 key=lambda g: (-float(groups[g].max() - groups[g].mean()), g),
             )
-            on: dict[int, list[tuple[float, str, int]]] = {}
-            for name, a in self.applied.items():
-                for ci, r in enumerate(a.ranks.tolist()):
-                    on.setdefault(r, []).append((-float(a.load[ci]), name, ci))
+            on = self._cells_by_rank()
             found: tuple[tuple[float, ...], list[tuple[str, int, int]]] | None = None
             for g in order:
                 t = groups[g]
@@ -742,7 +733,7 @@ class Search:
                             moves = self._cell_moves(name, ci, tr, crit, other, free, True)
                             if moves is None or evals >= max_evals:
                                 continue
-                            sc = self._eval_moves(moves)
+                            sc = self._score_moves(moves, self._phase_score)
                             evals += 1
                             if sc[0] <= cap and sc[1] < cur[1] * (1 - 1e-9):
                                 if found is None or sc[1] < found[0][1]:
@@ -762,10 +753,7 @@ class Search:
                 self.remove(u)
                 self.place(u, d)
             else:
-                for name, ci, to in found[1]:
-                    ranks = self.applied[name].ranks.copy()
-                    ranks[ci] = to
-                    self._set_ranks(self.by_name[name], ranks)
+                self._apply_cell_moves(found[1])
             cur = self._phase_score()
             if cur[2] < best[0] * (1 - 1e-9):
                 best = (cur[2], self.snapshot())
@@ -832,16 +820,6 @@ class Search:
                 norm += m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM)
         return float(times.max()), norm, crit
 
-    def _eval_moves(self, moves: list[tuple[str, int, int]]) -> tuple[float, float, float]:
-        """`_phase_score` with the cell `moves` made; the state is left as it was."""
-        ranks = {name: self.applied[name].ranks.copy() for name, _, _ in moves}
-        for name, ci, to in moves:
-            self._move_cell(name, ranks[name], ci, to)
-        out = self._phase_score()
-        for name, ci, _ in reversed(moves):
-            self._move_cell(name, ranks[name], ci, int(self.applied[name].ranks[ci]))
-        return out
-
     def _row_shard_on(self, name: str, ci: int, rank: int) -> bool:
         """Whether another cell of cell `ci`'s row shard of unit `name` is on `rank`."""
         c = self.decisions[name].c
@@ -859,15 +837,35 @@ class Search:
             self.state.move_cell(cv, ranks, ci, to, p.hierarchical)
         ranks[ci] = to
 
-    def _score_moves(self, moves: list[tuple[str, int, int]]) -> tuple[float, float]:
-        """`score` with the cell `moves` made; the state is left as it was."""
+    def _score_moves(
+        self,
+        moves: list[tuple[str, int, int]],
+        score: Callable[[], tuple[float, ...]] | None = None,
+    ) -> tuple[float, ...]:
+        """`score` (`self.score` when None) with the cell `moves` made; the state is left
+        as it was."""
         ranks = {name: self.applied[name].ranks.copy() for name, _, _ in moves}
         for name, ci, to in moves:
             self._move_cell(name, ranks[name], ci, to)
-        sc = self.score()
+        sc = (score or self.score)()
         for name, ci, _ in reversed(moves):
             self._move_cell(name, ranks[name], ci, int(self.applied[name].ranks[ci]))
         return sc
+
+    def _apply_cell_moves(self, moves: list[tuple[str, int, int]]) -> None:
+        """Make the (unit, cell, new rank) `moves` in the search state."""
+        for name, ci, to in moves:
+            ranks = self.applied[name].ranks.copy()
+            ranks[ci] = to
+            self._set_ranks(self.by_name[name], ranks)
+
+    def _cells_by_rank(self) -> dict[int, list[tuple[float, str, int]]]:
+        """Per rank, its cells as (-load, unit, cell index), for sorting heaviest first."""
+        on: dict[int, list[tuple[float, str, int]]] = {}
+        for name, a in self.applied.items():
+            for ci, r in enumerate(a.ranks.tolist()):
+                on.setdefault(r, []).append((-float(a.load[ci]), name, ci))
+        return on
 
     # ------------------------------------------------------------------ moves
     def candidates(
@@ -991,7 +989,7 @@ class Search:
         return best
 
     @staticmethod
-    def better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    def better(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
         return a[0] < b[0] * (1 - 1e-9)
 
     def improve(self, max_iterations: int, top_units: int = 3) -> tuple[float, float]:
