@@ -10,6 +10,7 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     S[l, n]   what the cells placed on node n put on the far side of link l
     z[l, a]   seconds of all-to-all link l (keys or results, intra or inter node) on rank a
     T         the makespan of the free ranks
+    P[g]      phase g (cost.PHASE_GROUPS) at its slowest rank, free or outside
 
     one option per free unit:                 sum_o y[o] == 1
     a chosen option's cells are placed once:  sum_a x[c, a] == y[o]
@@ -24,6 +25,10 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     memory fits on every rank:                mem_a + sum_o M_o y[o] + sum_c m_c x[c, a] <= capacity
     within_node and hierarchical rb units stay on their node:  x[c, a] == 0 for a off it
     few grids change at once:                 sum_u (1 - y[current option of u]) <= 2
+    the critical path stays within the greedy plan's:  P[g] >= phase g of each free rank
+                                              (its part of the rank's time above),
+                                              P[g] >= phase g outside now + options' change,
+                                              sum_g P[g] <= critical path of the greedy plan
     minimise T, then the number of changes; hints: the current plan (a complete solution)
 
 This is the full cost model (`cost.RankState`) around the current plan. `h_c` is a
@@ -40,11 +45,16 @@ node's and its new one's. `U_o` is what the option adds to every rank besides ow
 work and links (requester lookups of dp tables, kernel launches, latencies, the dp
 exchange): the change of that shared part in the full model when the option replaces the
 unit's current one. `base` is calibrated so that the model gives the current plan exactly
-the full model's rank times. What is not exact: the ranks outside (their far sides are
+the full model's rank times. The phases split the same terms: HBM work (the aggregators'
+too) in the lookups, the key links beyond the window in the keys, the result links in the
+results, `U_o` measured per phase (`_Option.uni_phase`), each with its own calibrated
+base; the current plan gets exactly its phase times. What is not exact: the ranks outside (their far sides are
 not variables), keys of several cells of one row shard on one rank (the full model sends
 them once) and options measured one at a time. Every solution is re-costed by the full
 model and accepted when it lowers the 16-norm of the rank times (the greedy's descent
-criterion) or the step time. The makespan a solve reports is the model's value of its
+criterion) or the step time and its critical path (`RankState.critical_path`) is at most
+the greedy plan's: CP-SAT may not buy a shorter step with phases that wait longer for
+their slowest rank (`CRIT_SLACK`). The makespan a solve reports is the model's value of its
 solution (every link at the larger of its bounds): `T` and the `z` are only bounded
 below, and a solve that stops within its gap may leave them above it.
 
@@ -77,7 +87,7 @@ from typing import Any
 import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
-from embarkc.planner.cost import CostModel, RankState, aggregator_seconds
+from embarkc.planner.cost import CostModel, RankState, aggregator_seconds, phase_times
 from embarkc.planner.greedy import (
     P_NORM,
     Decision,
@@ -121,6 +131,13 @@ MAX_GRID_CHANGES = 2
 rank (U_o) is measured alone, and a larger search space costs solve time: with 4, the
 whole-program solve of DCNv2 on 8 GPUs found nothing within 30 s and T200 on 8 GPUs came
 out slower (19.595 -> 19.624 ms), while T510 on 32 came out faster (14.852 -> 14.834)."""
+
+CRIT_SLACK = 0.0
+"""How far above the greedy plan's critical path a refined plan's may lie (fraction; inf
+lifts the cap). Without the cap, T180 on 16 x 8 GPUs refined to 4.146 ms with a critical
+path of 4.661 (greedy 4.178 and 4.581); with it 4.141 and 4.463, and T200 3.111/3.372 ->
+3.107/3.283; with 0.5 % slack 4.164/4.513 and 3.111/3.372 (CP-SAT 30 s, the plan command
+with its phase pass after)."""
 
 PLATEAU = 2e-3
 """Ranks within this fraction of the step time share the maximum (the plateau)."""
@@ -198,6 +215,8 @@ class _Option:
     """M_o, bytes on every rank."""
     uni_load: int = 0
     """U_o (ns): what the option adds to every rank besides owner HBM work and links."""
+    uni_phase: np.ndarray | None = None
+    """U_o per phase group (`cost.PHASE_GROUPS`; ns, int64, shape (4,))."""
     parts: dict[str, np.ndarray] | None = None
     """Per cell (ns, int64): `hbm` (owner's HBM work) and the owner's side of each
     all-to-all link (`dist_intra`, `dist_inter`: keys received; `res_intra`,
@@ -225,23 +244,32 @@ def _per_byte(cm: CostModel, link: str) -> float:
     return (2.0 if link.startswith("res") else 1.0) / bw
 
 
-def _shared_seconds(st: RankState) -> float:
+def _shared_seconds(st: RankState) -> tuple[float, np.ndarray]:
     """The part of a rank's time that every rank shares (requester lookups of dp tables,
     kernel launches, fixed latencies, the dp exchange): its time less its owner HBM work
-    and its all-to-all links, which the model has as variables."""
+    and its all-to-all links, which the model has as variables; and the same per phase
+    group (`cost.PHASE_GROUPS`: each phase's time less its variable part, at the rank where
+    it is largest)."""
     cm = st.cm
     lk = st.links()
-    t = st.times() - st.hbm_own / cm.bw_hbm
+    comp = st.components()
+    own = st.hbm_own / cm.bw_hbm
+    t = sum(comp.values(), np.zeros(cm.W)) - own
     keys = np.zeros(cm.W)
+    res = np.zeros(cm.W)
     for k in LINKS:
         sent, received = lk[k]
         side = np.maximum(np.maximum(sent, received), 0.0) * _per_byte(cm, k)
         if k.startswith("dist"):
             keys = keys + side
         else:
+            res = res + side
             t = t - side
     # the key phase counts only beyond the dense compute window (RankState.components)
-    return float((t - cm.keys_beyond_window(keys)).max())
+    beyond = cm.keys_beyond_window(keys)
+    ph = phase_times(comp)
+    rest = (ph[0] - own, ph[1] - beyond, ph[2] - res, ph[3])
+    return float((t - beyond).max()), np.array([float(r.max()) for r in rest])
 
 
 def _makespan(
@@ -259,6 +287,29 @@ def _makespan(
         keys = max(side["dist_intra"] + side["dist_inter"] - window_ns, 0)
         out = max(out, int(solver.value(rest)) + side["res_intra"] + side["res_inter"] + keys)
     return out
+
+
+def _critical_path(
+    solver: Any,
+    phase_rows: dict[int, list[Any]],
+    rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]],
+    phase_out: list[Any],
+    window_ns: int,
+) -> int:
+    """The model's critical path in the solver's solution (ns): each phase at its largest
+    over the free ranks (links at the larger of their bounds, as `_makespan`) and the
+    ranks outside (their phases now plus the options' changes)."""
+    top = [int(solver.value(e)) if not isinstance(e, int) else e for e in phase_out]
+    for a, rows in phase_rows.items():
+        side = {
+            k: max(int(solver.value(near)), int(solver.value(far)))
+            for k, (near, far) in rank_exprs[a][1].items()
+        }
+        vals = [int(solver.value(r)) if not isinstance(r, int) else r for r in rows]
+        vals[1] += max(side["dist_intra"] + side["dist_inter"] - window_ns, 0)
+        vals[2] += side["res_intra"] + side["res_inter"]
+        top = [max(t, v) for t, v in zip(top, vals, strict=True)]
+    return sum(top)
 
 
 def _clone(st: RankState) -> RankState:
@@ -411,6 +462,10 @@ class _Refiner:
         self._options: dict[tuple[str, Decision], _Option] = {}
         self.last_work = 0.0
         """Estimated CPU seconds of building the last neighbourhood's model."""
+        self.crit_cap = self.state.critical_path() * (1.0 + CRIT_SLACK)
+        """The most critical path a plan of the refinement may have (seconds)."""
+        self.last_critical_path = 0.0
+        """The model's critical path of the last solution (seconds; `_critical_path`)."""
 
     def option(self, u: Unit, d: Decision) -> _Option:
         key = (u.name, d)
@@ -530,7 +585,7 @@ class _Refiner:
             # the linearisation is around the current plan, one unit at a time
             cur_o = self.option(u, cur)
             _apply(work, cur_o, self.ranks[u.name], -1.0)
-            shared_u = _shared_seconds(work)
+            shared_u, shared_ph = _shared_seconds(work)
             free_mask = np.zeros(cm.W, dtype=bool)
             free_mask[ranks_f] = True
             home = (
@@ -557,10 +612,13 @@ class _Refiner:
                     ok = [a for a in light if allowed[a]] or light
                     where = np.array([ok[i % len(ok)] for i in range(len(o.load))], np.int64)
                 _apply(work, o, where, 1.0)
-                delta = _shared_seconds(work) - shared_u
+                with_o, with_ph = _shared_seconds(work)
                 _apply(work, o, where, -1.0)
                 uni = copy.copy(o)
-                uni.uni_load = max(0, int(round(delta * TIME_SCALE)))
+                uni.uni_load = max(0, int(round((with_o - shared_u) * TIME_SCALE)))
+                uni.uni_phase = np.maximum(np.round((with_ph - shared_ph) * TIME_SCALE), 0).astype(
+                    np.int64
+                )
                 uni.allowed = allowed
                 lst.append(uni)
             opts[u.name] = lst
@@ -625,6 +683,24 @@ class _Refiner:
         keys_now = np.maximum(side_now["dist_intra"] + side_now["dist_inter"] - window_ns, 0)
         link_now = side_now["res_intra"] + side_now["res_inter"] + keys_now
         base_ns = t_ns - link_now - cur_part["hbm"] - cur_uni - cur_rail
+        # the phases (cost.PHASE_GROUPS) the same way: each rank's phase time less its
+        # variable part, so that the model gives the current plan exactly its phase times
+        ph_ns = [
+            np.round(v * TIME_SCALE).astype(np.int64) for v in phase_times(self.state.components())
+        ]
+        cur_uni_ph = np.zeros(len(ph_ns), dtype=np.int64)
+        for lst in opts.values():
+            for o in lst:
+                if o.d == self.decision[o.unit.name]:
+                    assert o.uni_phase is not None
+                    cur_uni_ph += o.uni_phase
+        base_ph = [
+            ph_ns[0] - cur_part["hbm"] - cur_rail - cur_uni_ph[0],
+            ph_ns[1] - keys_now - cur_uni_ph[1],
+            ph_ns[2] - side_now["res_intra"] - side_now["res_inter"] - cur_uni_ph[2],
+            ph_ns[3] - cur_uni_ph[3],
+        ]
+        crit_ns = int(sum(int(v.max()) for v in ph_ns))
         m = cp_model.CpModel()
         y: dict[tuple[str, int], cp_model.IntVar] = {}
         x: dict[tuple[str, int, int, int], cp_model.IntVar] = {}
@@ -637,6 +713,7 @@ class _Refiner:
         mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
         rail_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
         uni_load: list[tuple[int, cp_model.IntVar]] = []
+        uni_ph: list[tuple[np.ndarray, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
         hints: list[tuple[cp_model.IntVar, int]] = []
         keep: list[cp_model.IntVar] = []
@@ -649,6 +726,8 @@ class _Refiner:
                 ys.append(v)
                 hints.append((v, int(o.d == cur)))
                 uni_load.append((o.uni_load, v))
+                assert o.uni_phase is not None
+                uni_ph.append((o.uni_phase, v))
                 uni_mem.append((o.uni_mem, v))
                 assert o.allowed is not None
                 cand = [a for a in ranks_f if o.allowed[a]]
@@ -742,6 +821,11 @@ class _Refiner:
         # per free rank: its time less its links, and each link's two bounds (what the
         # solution's makespan is evaluated from: T and the z are only bounded below)
         rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]] = {}
+        # each phase's time on the free ranks (the phase maxima P bound them below)
+        uph = [sum(int(c[g]) * v for c, v in uni_ph if c[g]) for g in range(len(ph_ns))]
+        phase_exprs: list[list[Any]] = [[] for _ in ph_ns]
+        phase_rows: dict[int, list[Any]] = {}
+        phase_out: list[Any] = [0 for _ in ph_ns]
         for a in ranks_f:
             # each link costs its busier side: the owner side (fixed part plus the cells
             # placed here) or the other side (fixed part plus the cells on the other ranks
@@ -773,6 +857,14 @@ class _Refiner:
                 hbm = hbm + rail_sum[int(li[a])] - sum(c * v for c, v in rail_terms[a])
             m.add(int(base_ns[a]) + uload + hbm + zs["res_intra"] + zs["res_inter"] + key <= T)
             rank_exprs[a] = (int(base_ns[a]) + uload + hbm, bounds)
+            # its phases less their links (the keys' in phase 1, the results' in phase 2)
+            rows = [int(base_ph[g][a]) + uph[g] for g in range(len(ph_ns))]
+            rows[0] = rows[0] + hbm
+            phase_rows[a] = rows
+            phase_exprs[0].append(rows[0])
+            phase_exprs[1].append(rows[1] + key)
+            phase_exprs[2].append(rows[2] + zs["res_intra"] + zs["res_inter"])
+            phase_exprs[3].append(rows[3])
             m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
         out_t = 0
         if out_f.any():
@@ -791,6 +883,30 @@ class _Refiner:
             # maximum (a plateau the 16-norm acceptance then takes apart)
             m.add(out_t + sum(c * v for c, v in out_u) <= max(out_t, int(t_ns.max())))
             m.add(int(np.ceil(float(m0[out_f].max()))) + umem <= capacity)
+        # the critical path (every phase at its slowest rank) does not grow: the model keeps
+        # the phase maxima P of the free ranks and of the ranks outside (their phases now
+        # plus each option's change), and their sum within the current plan's
+        ph_top = top + 1 + crit_ns
+        phase_max = []
+        for g, exprs in enumerate(phase_exprs):
+            pv = m.new_int_var(0, ph_top, f"phase_{g}")
+            for e in exprs:
+                m.add(pv >= e)
+            if out_f.any():
+                grow = []
+                for u in free_units:
+                    now_g = next(o for o in opts[u.name] if o.d == self.decision[u.name]).uni_phase
+                    assert now_g is not None
+                    for oi, o in enumerate(opts[u.name]):
+                        assert o.uni_phase is not None
+                        if o.uni_phase[g] != now_g[g]:
+                            grow.append((int(o.uni_phase[g] - now_g[g]), y[u.name, oi]))
+                phase_out[g] = int(ph_ns[g][out_f].max()) + sum(c * v for c, v in grow)
+                m.add(pv >= phase_out[g])
+            phase_max.append(pv)
+            z_hints.append((pv, int(ph_ns[g].max())))
+        if np.isfinite(self.crit_cap):
+            m.add(sum(phase_max) <= max(crit_ns, int(self.crit_cap * TIME_SCALE)))
         # the makespan first, then as few changes as possible: a cell that moves or an
         # option that changes without lowering T only adds linearisation error
         stay = [v for v, h in hints if h == 1]
@@ -848,6 +964,9 @@ class _Refiner:
                 )
             chosen[u.name] = (self.option(u, self.decision[u.name]), where)
         assert fset  # ranks_f is never empty
+        self.last_critical_path = (
+            _critical_path(solver, phase_rows, rank_exprs, phase_out, window_ns) / TIME_SCALE
+        )
         name = "optimal" if status == cp_model.OPTIMAL else "feasible"
         return (
             name,
@@ -930,7 +1049,11 @@ def refine(
             st = ref.trial(free_units, chosen)
             times = st.times()
             norm = _norm(times)
-            if norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9):
+            crit = st.critical_path()
+            # lower (the 16-norm or the step time), and the critical path not longer
+            if (
+                norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9)
+            ) and crit <= ref.crit_cap * (1 + 1e-9):
                 better = True
                 ref.accept(free_units, chosen, st, times)
                 cur_norm, stall = norm, 0
