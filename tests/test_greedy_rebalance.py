@@ -102,7 +102,7 @@ def test_on_128_gpus_the_column_ladder_and_the_rebalance_lower_t180_and_t200(mon
     """With the keys hidden, T180 and T200 on 16 x 8 GPUs: 4.544 and 3.255 ms with one
     column start (a quarter share) and no rebalance (T200 from a hierarchical-ub start;
     3.310 with flat ub only), 4.241 and 3.224 with the ladder, 4.199 and 3.112 with the
-    rebalance's first pass as well, and 4.184 and 3.112 with its second (4.178 and 3.112
+    rebalance's first pass as well, and 4.184 and 3.112 with its second (4.178 and 3.107
     after the pass that balances the phases)."""
     t180 = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", 16))
     t200 = CostModel(program_from_workload(SHARED / "workloads" / "t200.json", 16))
@@ -110,8 +110,8 @@ def test_on_128_gpus_the_column_ladder_and_the_rebalance_lower_t180_and_t200(mon
     def ms(cm: CostModel) -> float:
         return round(greedy(cm).step_time * 1e3, 3)
 
-    # the pass that balances the phases comes last, and lowers T180 to 4.178 ms
-    assert (ms(t180), ms(t200)) == (4.178, 3.112)
+    # the pass that balances the phases comes last, and lowers T180 to 4.178 ms, T200 to 3.107
+    assert (ms(t180), ms(t200)) == (4.178, 3.107)
     monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)
     assert (ms(t180), ms(t200)) == (4.184, 3.112)
     monkeypatch.setattr(greedy_mod, "REBALANCE_FIRST_EVALS", 0)

@@ -149,9 +149,17 @@ the column cells of one row shard on distinct ranks. On the paper's programs of 
 FOUR_START_UNITS units it gains up to 0.5 % (DCNv2 on 128 GPUs 0.636 -> 0.633 ms, T180
 on 128 GPUs 4.199 -> 4.184)."""
 
-PHASE_EVALS = 4000
+PHASE_EVALS = 16000
 """Layouts one pass of `Search.balance_phases` evaluates at most (cell moves and unit
-moves alike; T180 on 128 GPUs: four passes in 1.4 s of CPU, T510 one in 0.55 s)."""
+moves alike) on programs of up to FOUR_START_UNITS units. Where many ranks share a
+phase's maximum, every one of them must shed work before the critical path falls: T200
+on 128 GPUs (10 ranks tied in its lookups and results) gains nothing within 4,000
+layouts and 3.372 -> 3.279 ms (step 3.112 -> 3.107) within 16,000, in 1.3 s of CPU; on
+32 GPUs 9.754 -> 9.569 (step 9.474 -> 9.395) in 4.2 s. T180 on 128 GPUs: four passes in
+1.1 s, the same plan as with 4,000."""
+
+PHASE_EVALS_LARGE = 4000
+"""The same for larger programs (planning time: T510 on 128 GPUs, one pass in 0.55 s)."""
 
 PHASE_PASSES = 4
 """Passes of `Search.balance_phases` at most (`balanced_phases`; one for programs of more
@@ -1197,7 +1205,9 @@ def balanced_phases(
         search = Search(cm, units, progress, ub_comm=ub)
         search.adopt(decisions, out)
         # the step time may come back up to where it was before the first pass
-        search.balance_phases(PHASE_EVALS, cap=before_step)
+        search.balance_phases(
+            PHASE_EVALS if len(units) <= FOUR_START_UNITS else PHASE_EVALS_LARGE, cap=before_step
+        )
         decisions = dict(search.decisions)
         st = cm.layout_state(search.layout)
         if st.step_time() > before_step or st.critical_path() >= crit * (1 - 1e-9):
