@@ -152,6 +152,9 @@ def test_cpsat_never_worse_than_greedy(program):
         return
     c = plan_program(program, solver="cp-sat", time_limit=0.2, baselines=False)
     assert c.estimate.step_time <= g.estimate.step_time * (1 + 1e-9)
+    # nor with phases that wait longer for their slowest rank
+    crit = (c.estimate.model_extra or {})["critical_path"]
+    assert crit <= (g.estimate.model_extra or {})["critical_path"] * (1 + 1e-9)
     assert (c.planner.model_extra or {})["lower_bound"] <= c.estimate.step_time * (1 + 1e-5)
     assert c.planner.status in ("optimal", "feasible", "greedy")
     _check_invariants(program, c)
