@@ -955,10 +955,9 @@ class RankState:
             hbm = hbm + self.aggregator(HH)
         lookup = hbm / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
         lk = self.links()
-        (ds_i, dr_i), (ds_n, dr_n) = lk["dist_intra"], lk["dist_inter"]
         # the keys travel during the previous step's dense compute (the trainer's prefetch):
         # only what outlasts that window delays the step
-        keys = coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, cm.bw_intra, cm.bw_inter)
+        keys = self.key_seconds(lk)
         distributor = cm.keys_beyond_window(keys) + (a2a + hub) * cm.collective_latency
         (rs_i, rr_i), (rs_n, rr_n) = lk["res_intra"], lk["res_inter"]
         res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0) + 2 * hub) * cm.collective_latency
@@ -977,6 +976,13 @@ class RankState:
             "dp_exchange": dp,
         }
         return {k: np.maximum(v, 0.0) for k, v in out.items()}
+
+    def key_seconds(self, lk: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
+        """Seconds per rank of the key all-to-all, NVLink and network, before the dense
+        compute window hides any of it (of the links `lk`, `links()` when None)."""
+        lk = self.links() if lk is None else lk
+        (ds_i, dr_i), (ds_n, dr_n) = lk["dist_intra"], lk["dist_inter"]
+        return coll.alltoall_seconds(ds_i, dr_i, ds_n, dr_n, self.cm.bw_intra, self.cm.bw_inter)
 
     def times(self) -> np.ndarray:
         comp = self.components()

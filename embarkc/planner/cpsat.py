@@ -29,6 +29,7 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
                                               (its part of the rank's time above),
                                               P[g] >= phase g outside now + options' change,
                                               sum_g P[g] <= critical path of the greedy plan
+    no rank's keys beyond the greedy plan's busiest:  z[dist_intra, a] + z[dist_inter, a] <= K
     minimise T, then the number of changes; hints: the current plan (a complete solution)
 
 This is the full cost model (`cost.RankState`) around the current plan. `h_c` is a
@@ -53,9 +54,11 @@ exact: the ranks outside (their far sides are not variables), keys of several ce
 one row shard on one rank (the full model sends them once) and options measured one at a
 time. Every solution is re-costed by the full
 model and accepted when it lowers the 16-norm of the rank times (the greedy's descent
-criterion) or the step time and its critical path (`RankState.critical_path`) is at most
-the greedy plan's: CP-SAT may not buy a shorter step with phases that wait longer for
-their slowest rank (`CRIT_SLACK`). The makespan a solve reports is the model's value of its
+criterion) or the step time, its critical path (`RankState.critical_path`) is at most
+the greedy plan's and no rank's key all-to-all (`RankState.key_seconds`) is longer than
+the greedy plan's longest: CP-SAT may not buy a shorter step with phases that wait longer
+for their slowest rank (`CRIT_SLACK`), nor move keys the dense compute window hides onto
+fewer ranks (`KEY_CAP`). The makespan a solve reports is the model's value of its
 solution (every link at the larger of its bounds): `T` and the `z` are only bounded
 below, and a solve that stops within its gap may leave them above it.
 
@@ -136,10 +139,17 @@ out slower (19.595 -> 19.624 ms), while T510 on 32 came out faster (14.852 -> 14
 CRIT_SLACK = 0.0
 """How far above the greedy plan's critical path a refined plan's may lie (fraction; inf
 lifts the cap). Without the cap, T180 on 16 x 8 GPUs refined to 4.146 ms with a critical
-path of 4.661 (greedy 4.178 and 4.581); with it 4.141 and 4.463; with 0.5 % slack 4.164
-and 4.513 (CP-SAT 30 s, the plan command with its phase pass after). A tolerance of 200 ns
+path of 4.661 (greedy 4.178 and 4.581); with it 4.141 and 4.463 (4.174 and 4.518 with
+KEY_CAP too); with 0.5 % slack 4.164 and 4.513 (CP-SAT 30 s, the plan command with its
+phase pass after). A tolerance of 200 ns
 on the model's cap (its rounding) made DCNv2 on 128 GPUs 0.2 % faster and T180 0.2 %
 slower: none."""
+
+KEY_CAP = True
+"""No rank of a refined plan has more key all-to-all time than the greedy plan's busiest
+rank. The dense compute window hides the keys up to its length, so the model alone lets
+CP-SAT pile them on some ranks for nothing; a faster dense part or a slower network than
+the constants assume then shows them."""
 
 PLATEAU = 2e-3
 """Ranks within this fraction of the step time share the maximum (the plateau)."""
@@ -468,6 +478,9 @@ class _Refiner:
             self.state.critical_path() * (1.0 + CRIT_SLACK) if np.isfinite(CRIT_SLACK) else np.inf
         )
         """The most critical path a plan of the refinement may have (seconds)."""
+        self.key_cap = float(self.state.key_seconds().max()) if KEY_CAP else np.inf
+        """The most key all-to-all time a rank may have (seconds): the greedy plan's
+        busiest rank's (`KEY_CAP`)."""
         self.last_critical_path = 0.0
         """The model's critical path of the last solution (seconds; `_critical_path`)."""
 
@@ -705,6 +718,7 @@ class _Refiner:
             ph_ns[3] - cur_uni_ph[3],
         ]
         crit_ns = int(sum(int(v.max()) for v in ph_ns))
+        key_cap_ns = int(self.key_cap * TIME_SCALE) if np.isfinite(self.key_cap) else 0
         m = cp_model.CpModel()
         y: dict[tuple[str, int], cp_model.IntVar] = {}
         x: dict[tuple[str, int, int, int], cp_model.IntVar] = {}
@@ -851,6 +865,10 @@ class _Refiner:
                 bounds[k] = (near, far)
                 z_hints.append((z, int(side_now[k][a])))
                 zs[k] = z
+            # no more key time than the greedy plan's busiest rank has (or this rank now)
+            if np.isfinite(self.key_cap):
+                keys_a = int(side_now["dist_intra"][a] + side_now["dist_inter"][a])
+                m.add(zs["dist_intra"] + zs["dist_inter"] <= max(key_cap_ns, keys_a))
             # the key phase beyond the dense compute window (RankState.components)
             key = m.new_int_var(0, top + 1, f"keys_{a}")
             m.add(key >= zs["dist_intra"] + zs["dist_inter"] - window_ns)
@@ -1055,10 +1073,14 @@ def refine(
             times = st.times()
             norm = _norm(times)
             crit = st.critical_path()
-            # lower (the 16-norm or the step time), and the critical path not longer
+            keys = float(st.key_seconds().max())
+            # lower (the 16-norm or the step time), the critical path not longer and no
+            # rank's keys longer than the greedy plan's busiest
             if (
-                norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9)
-            ) and crit <= ref.crit_cap * (1 + 1e-9):
+                (norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9))
+                and crit <= ref.crit_cap * (1 + 1e-9)
+                and keys <= ref.key_cap * (1 + 1e-9)
+            ):
                 better = True
                 ref.accept(free_units, chosen, st, times)
                 cur_norm, stall = norm, 0
