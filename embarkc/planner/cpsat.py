@@ -65,7 +65,8 @@ below, and a solve that stops within its gap may leave them above it.
 Neighbourhoods (large-neighbourhood search), of two kinds in turn: the critical rank, the
 ranks of the units on it, the lightest ranks and seeded random others; or the same
 around the critical rank and a few other ranks that share the maximum (the plateau: a
-plan whose top ranks tie cannot lower its step time by relieving one of them). The free
+plan whose top ranks tie cannot lower its step time by relieving one of them), with the
+slowest rank of each phase (where the cap on the critical path binds). The free
 units are those whose cells all lie there, plus a few dp units; units spread further
 keep their grid, and their cells on the free ranks may move among them. When CP-SAT
 has proven GROW_AFTER neighbourhoods in a row to hold nothing faster, the neighbourhoods
@@ -150,6 +151,15 @@ KEY_CAP = True
 rank. The dense compute window hides the keys up to its length, so the model alone lets
 CP-SAT pile them on some ranks for nothing; a faster dense part or a slower network than
 the constants assume then shows them."""
+
+PHASE_RANKS = True
+"""In plateau neighbourhoods the slowest rank of each phase (`cost.PHASE_GROUPS`) joins
+the free ranks: the cap on the critical path binds at the phase maxima, and a
+neighbourhood that cannot lower them cannot move work onto their ranks' phases. CP-SAT
+30 s at 16 x 8 GPUs: T180 4.174 -> 4.156 ms (critical path 4.518 -> 4.414, with the keys
+in full 7.507 -> 7.004), T200 3.104 -> 3.103; at 4 x 8 T180 14.324 -> 14.313, DCNv2 1.193
+-> 1.195; on one node T510 16.940 -> 16.925, T200 18.928 -> 18.938. In every
+neighbourhood instead: T180 4.164, T200 3.107, DCNv2 at 4 x 8 1.195."""
 
 PLATEAU = 2e-3
 """Ranks within this fraction of the step time share the maximum (the plateau)."""
@@ -497,7 +507,8 @@ class _Refiner:
         """Free ranks, free units (grid and placement re-decided) and partly free units
         (keep their grid; their cells on free ranks may move among them) of the next
         neighbourhood. With `plateau`, a few other ranks that share the maximum join the
-        critical rank; `scale` multiplies the numbers of ranks and units."""
+        critical rank, and so does the slowest rank of each phase (`PHASE_RANKS`); `scale`
+        multiplies the numbers of ranks and units."""
         cm = self.cm
         lns_ranks, max_ranks = LNS_RANKS * scale, MAX_RANKS * scale
         max_free = MAX_FREE_UNITS * scale
@@ -521,6 +532,11 @@ class _Refiner:
             more = free | set(self.ranks[u.name].tolist())
             if len(more) <= max_ranks:
                 free = more
+        if PHASE_RANKS and plateau and np.isfinite(self.crit_cap):
+            # the slowest rank of each phase: the critical path's cap binds there
+            for ph in phase_times(self.state.components()):
+                if ph.max() > ph.min() * (1 + 1e-9):
+                    free.add(int(np.argmax(ph)))
         order = [int(a) for a in np.argsort(t, kind="stable") if int(a) not in free]
         for a in order[: lns_ranks // 2]:
             free.add(a)
