@@ -302,13 +302,21 @@ def _makespan(
     only bounded below, and a solve stopped within its gap may leave them above that."""
     out = 0
     for rest, bounds in rank_exprs.values():
-        side = {
-            k: max(int(solver.value(near)), int(solver.value(far)))
-            for k, (near, far) in bounds.items()
-        }
-        keys = max(side["dist_intra"] + side["dist_inter"] - window_ns, 0)
-        out = max(out, int(solver.value(rest)) + side["res_intra"] + side["res_inter"] + keys)
+        keys, results = _link_values(solver, bounds, window_ns)
+        out = max(out, int(solver.value(rest)) + results + keys)
     return out
+
+
+def _link_values(
+    solver: Any, bounds: dict[str, tuple[Any, Any]], window_ns: int
+) -> tuple[int, int]:
+    """One rank's links in the solver's solution (ns), each at the larger of its two
+    bounds: (the keys beyond the dense compute window, the results over both links)."""
+    side = {
+        k: max(int(solver.value(near)), int(solver.value(far))) for k, (near, far) in bounds.items()
+    }
+    keys = max(side["dist_intra"] + side["dist_inter"] - window_ns, 0)
+    return keys, side["res_intra"] + side["res_inter"]
 
 
 def _critical_path(
@@ -323,13 +331,10 @@ def _critical_path(
     ranks outside (their phases now plus the options' changes)."""
     top = [int(solver.value(e)) if not isinstance(e, int) else e for e in phase_out]
     for a, rows in phase_rows.items():
-        side = {
-            k: max(int(solver.value(near)), int(solver.value(far)))
-            for k, (near, far) in rank_exprs[a][1].items()
-        }
+        keys, results = _link_values(solver, rank_exprs[a][1], window_ns)
         vals = [int(solver.value(r)) if not isinstance(r, int) else r for r in rows]
-        vals[1] += max(side["dist_intra"] + side["dist_inter"] - window_ns, 0)
-        vals[2] += side["res_intra"] + side["res_inter"]
+        vals[1] += keys
+        vals[2] += results
         top = [max(t, v) for t, v in zip(top, vals, strict=True)]
     return sum(top)
 
@@ -905,17 +910,24 @@ class _Refiner:
             phase_exprs[3].append(rows[3])
             m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
         out_t = 0
+        # each phase's change on the ranks outside (the options' against the current ones)
+        grow: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in ph_ns]
         if out_f.any():
             # the ranks outside, together: their largest time now plus each option's
             # largest change on any of them against the unit's current option (safe side)
             out_t = int(t_ns[out_f].max())
             out_u = []
             for u in free_units:
-                cur_u = next(o for o in opts[u.name] if o.d == self.decision[u.name]).uni_load
+                now = next(o for o in opts[u.name] if o.d == self.decision[u.name])
+                assert now.uni_phase is not None
                 for oi, o in enumerate(opts[u.name]):
-                    change = o.uni_load - cur_u
+                    change = o.uni_load - now.uni_load
                     if change:
                         out_u.append((change, y[u.name, oi]))
+                    assert o.uni_phase is not None
+                    for g in range(len(ph_ns)):
+                        if o.uni_phase[g] != now.uni_phase[g]:
+                            grow[g].append((int(o.uni_phase[g] - now.uni_phase[g]), y[u.name, oi]))
             # no worse than the plan's step time now: T itself is the makespan of the free
             # ranks, so that a neighbourhood can lower them while other ranks share the
             # maximum (a plateau the 16-norm acceptance then takes apart)
@@ -932,15 +944,7 @@ class _Refiner:
             for e in exprs:
                 m.add(pv >= e)
             if out_f.any():
-                grow = []
-                for u in free_units:
-                    now_g = next(o for o in opts[u.name] if o.d == self.decision[u.name]).uni_phase
-                    assert now_g is not None
-                    for oi, o in enumerate(opts[u.name]):
-                        assert o.uni_phase is not None
-                        if o.uni_phase[g] != now_g[g]:
-                            grow.append((int(o.uni_phase[g] - now_g[g]), y[u.name, oi]))
-                phase_out[g] = int(ph_ns[g][out_f].max()) + sum(c * v for c, v in grow)
+                phase_out[g] = int(ph_ns[g][out_f].max()) + sum(c * v for c, v in grow[g])
                 m.add(pv >= phase_out[g])
             phase_max.append(pv)
             z_hints.append((pv, int(ph_ns[g].max())))
@@ -1088,14 +1092,12 @@ def refine(
             st = ref.trial(free_units, chosen)
             times = st.times()
             norm = _norm(times)
-            crit = st.critical_path()
-            keys = float(st.key_seconds().max())
             # lower (the 16-norm or the step time), the critical path not longer and no
             # rank's keys longer than the greedy plan's busiest
             if (
                 (norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9))
-                and crit <= ref.crit_cap * (1 + 1e-9)
-                and keys <= ref.key_cap * (1 + 1e-9)
+                and st.critical_path() <= ref.crit_cap * (1 + 1e-9)
+                and float(st.key_seconds().max()) <= ref.key_cap * (1 + 1e-9)
             ):
                 better = True
                 ref.accept(free_units, chosen, st, times)
