@@ -216,6 +216,31 @@ def test_plateau_neighbourhoods_free_the_ranks_that_share_the_maximum(monkeypatc
     assert top <= set(plateau)
 
 
+def test_plateau_neighbourhoods_free_the_slowest_rank_of_each_phase(monkeypatch):
+    """T180 on 16 x 8 GPUs: the slowest ranks of its phases (lookups and results; the keys
+    and the dp exchange are even) are not the critical rank, and the cap on the critical
+    path binds there. A plateau neighbourhood frees them (`PHASE_RANKS`); without that,
+    or in a plain neighbourhood, the lookups' slowest rank stays outside."""
+    from embarkc.planner import cpsat
+    from embarkc.planner.cost import phase_times
+
+    cm = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", nodes=16))
+    ref = cpsat._Refiner(cm, greedy(cm))
+    slow = {
+        int(np.argmax(p))
+        for p in phase_times(ref.state.components())
+        if p.max() > p.min() * (1 + 1e-9)
+    }
+    assert len(slow) == 2 and int(np.argmax(ref.times)) not in slow
+    plateau, _, _ = ref.neighbourhood(np.random.default_rng(0), False, plateau=True)
+    plain, _, _ = ref.neighbourhood(np.random.default_rng(0), False, plateau=False)
+    assert slow <= set(plateau)
+    assert not slow & set(plain)
+    monkeypatch.setattr(cpsat, "PHASE_RANKS", False)
+    without, _, _ = ref.neighbourhood(np.random.default_rng(0), False, plateau=True)
+    assert not slow <= set(without)
+
+
 def test_grown_neighbourhoods_free_more_ranks_and_units():
     """When small neighbourhoods are proven to hold nothing faster, the search doubles
     them: twice the ranks (up to 2 x (MAX_RANKS + LNS_RANKS)) and more units (up to twice
