@@ -8,6 +8,7 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     y[o]      option o of a free unit is chosen
     x[c, a]   cell c of option o is on rank a (a free rank)
     S[l, n]   what the cells placed on node n put on the far side of link l
+    H[l, r]   what the hierarchical ub cells placed on rail r put on a side of link l
     z[l, a]   seconds of all-to-all link l (keys or results, intra or inter node) on rank a
     T         the makespan of the free ranks
     P[g]      phase g (cost.PHASE_GROUPS) at its slowest rank, free or outside
@@ -15,9 +16,10 @@ Model of one neighbourhood (times in integer nanoseconds, memory in bytes):
     one option per free unit:                 sum_o y[o] == 1
     a chosen option's cells are placed once:  sum_a x[c, a] == y[o]
     the far side per node:                    S[l, n] == sum_{c, a on n} w_lc x[c, a]
-    a link costs its busier side:             z[l, a] >= V_l(a) + sum_c v_lc x[c, a]
-      intra-node links:                       z[l, a] >= F_l(a) + S[l, node a] - sum_c w_lc x[c, a]
-      inter-node links:                       z[l, a] >= F_l(a) + sum_n S[l, n] - S[l, node a]
+    a link costs its busier side:             z[l, a] >= V_l(a) + sum_c v_lc x[c, a] + Hn[l, rail a]
+      intra-node links:                       z[l, a] >= F_l(a) + S[l, node a] - sum_c w_lc x[c, a] + hub
+      inter-node links:                       z[l, a] >= F_l(a) + sum_n S[l, n] - S[l, node a] + hub
+      hub (hierarchical ub cells):            sum_r Ht[l, r] + Hr[l, rail a] + sum_c e_lc x[c, a]
     a rank's time is below T:                 base_a + sum_o U_o y[o] + sum_c h_c x[c, a] + sum_l z[l, a]
                                               + R[rail a] - sum_c g_c x[c, a] <= T
     aggregators per rail (hierarchical ub):   R[l] == sum_{c, a on rail l} g_c x[c, a]
@@ -36,9 +38,15 @@ This is the full cost model (`cost.RankState`) around the current plan. `h_c` is
 cell's HBM work on its owner; `v_lc` its owner's side of link l (keys received, results
 sent forward and backward); `w_lc` what it puts on the far side of one rank that talks to
 it (keys that rank sends it, results that rank receives from it): the ranks of its node
-over NVLink, the others over the network. `g_c` is what a hierarchical ub cell puts on
-each of its aggregators (the ranks with its owner's local index, its rail, on the other
-nodes: their HBM work and NVLink sends), summed per rail over the free ranks (`R`).
+over NVLink, the others over the network. Hierarchical ub cells talk along rails instead
+(`RankState.links`): every rank off the owner's rail sends its keys and receives the
+vectors over NVLink, to the owner or to its node's aggregator (the rank with the owner's
+local index); the aggregators send their node's keys and receive the vectors over the
+network; the owner and each aggregator serve their own node over NVLink. So their terms
+are summed per rail over the free ranks (`H`: Hn on the owner side of the rail's ranks,
+Ht on every rank's other side and Hr less on its rail's, Hr on the other side of the
+rail's aggregators and `e_lc` less on the owner). `g_c` is the HBM work a hierarchical
+ub cell puts on each of its aggregators, summed per rail over the free ranks (`R`).
 `V_l(a)` and `F_l(a)` are the two sides of the
 cells that do not move (links are full duplex: `max(sent, received)`, as the cost model
 says), so a cell that moves changes the far side of every free rank it talks to, its old
@@ -92,7 +100,7 @@ from typing import Any
 import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
-from embarkc.planner.cost import CostModel, RankState, aggregator_seconds, phase_times
+from embarkc.planner.cost import CostModel, RankState, phase_times
 from embarkc.planner.greedy import (
     P_NORM,
     Decision,
@@ -208,6 +216,18 @@ placement, the other side is taken as it is in the current plan."""
 
 PARTS = ("hbm", *LINKS)
 
+HUB_KEYS = tuple(
+    (cls, k)
+    for cls, links in (
+        ("near_rail", ("dist_intra", "res_intra")),
+        ("far_tot", ("dist_intra", "res_intra")),
+        ("far_rail", LINKS),
+        ("far_own", ("dist_inter", "res_inter")),
+    )
+    for k in links
+)
+"""The (class, link) terms of hierarchical ub cells (`_Option.hub`)."""
+
 
 @dataclass
 class RefineResult:
@@ -249,9 +269,16 @@ class _Option:
     (`res_*`); intra-node links for the ranks of its node, inter-node for the others."""
     allowed: np.ndarray | None = None
     rail: np.ndarray | None = None
-    """Per cell (ns, int64): what it puts on each of its aggregators (hierarchical ub: the
-    ranks with its owner's local index on the other nodes): their HBM work and what they
-    send over NVLink, forward and backward. None when no cell has any."""
+    """Per cell (ns, int64): the HBM work it puts on each of its aggregators (hierarchical
+    ub: the ranks with its owner's local index on the other nodes). None when no cell has
+    any."""
+    hub: dict[tuple[str, str], np.ndarray] | None = None
+    """Hierarchical ub cells (ns, int64, per cell): their terms in the links of the ranks
+    that talk to them, which follow rails, not nodes (`RankState.links`), keyed by (class,
+    link): `near_rail` on the owner side of every rank of the owner's rail (the owner's
+    and its aggregators' NVLink: keys received, vectors sent), and on the other side
+    `far_tot` on every rank, `far_rail` on every rank of the rail and `far_own` on the
+    owner. None when the option has no such cell."""
 
 
 def _norm(t: np.ndarray) -> float:
@@ -408,6 +435,7 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
     parts = {k: np.zeros(d.r * d.c) for k in PARTS}
     other = {k: np.zeros(d.r * d.c) for k in LINKS}
     rail = np.zeros(d.r * d.c)
+    hub = {key: np.zeros(d.r * d.c) for key in HUB_KEYS}
     W, G = cm.W, cm.G
     for n, p in templates:
         cv = cm.grid_values(cm.facts[n], p)
@@ -420,16 +448,31 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
             # share of the network side); the aggregators' HBM work and NVLink sends
             # follow the owner's local index (`rail`)
             assert cv.dist_node is not None and cv.res_node is not None
+            assert cv.agg_hbm is not None
             n1 = cm.nodes - 1
-            rail += aggregator_seconds(cm, cv)
-            parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
-            parts["dist_inter"] += n1 * cv.dist_node / cm.bw_inter
-            other["dist_intra"] += cv.dist / cm.bw_intra
-            other["dist_inter"] += cv.dist_node / G / cm.bw_inter
-            parts["res_intra"] += 2.0 * (G - 1) * cv.res / cm.bw_intra
-            parts["res_inter"] += 2.0 * n1 * cv.res_node / cm.bw_inter
-            other["res_intra"] += 2.0 * cv.res / cm.bw_intra
-            other["res_inter"] += 2.0 * cv.res_node / G / cm.bw_inter
+            rail += cv.agg_hbm / cm.bw_hbm
+            kd = cv.dist / cm.bw_intra
+            kn = cv.dist_node / cm.bw_inter
+            vd = 2.0 * cv.res / cm.bw_intra
+            vn = 2.0 * cv.res_node / cm.bw_inter
+            # the owner receives its node's keys and sends its node the vectors over
+            # NVLink, as each aggregator does for its own node (`near_rail`); over the
+            # network it receives each aggregator's keys and sends it the vectors
+            parts["dist_inter"] += n1 * kn
+            parts["res_inter"] += n1 * vn
+            hub[("near_rail", "dist_intra")] += (G - 1) * kd
+            hub[("near_rail", "res_intra")] += (G - 1) * vd
+            # every rank off the rail sends its keys and receives the vectors over NVLink
+            # (to the owner or its node's aggregator); the aggregators send the keys and
+            # receive the vectors over the network
+            hub[("far_tot", "dist_intra")] += kd
+            hub[("far_rail", "dist_intra")] -= kd
+            hub[("far_tot", "res_intra")] += vd
+            hub[("far_rail", "res_intra")] -= vd
+            hub[("far_rail", "dist_inter")] += kn
+            hub[("far_own", "dist_inter")] -= kn
+            hub[("far_rail", "res_inter")] += vn
+            hub[("far_own", "res_inter")] -= vn
             continue
         parts["dist_intra"] += (G - 1) * cv.dist / cm.bw_intra
         parts["dist_inter"] += (W - G) * cv.dist / cm.bw_inter
@@ -457,6 +500,11 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         parts={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in parts.items()},
         other={k: np.round(v * TIME_SCALE).astype(np.int64) for k, v in other.items()},
         rail=np.round(rail * TIME_SCALE).astype(np.int64) if rail.any() else None,
+        hub=(
+            {key: np.round(v * TIME_SCALE).astype(np.int64) for key, v in hub.items()}
+            if any(v.any() for v in hub.values())
+            else None
+        ),
     )
 
 
@@ -498,6 +546,8 @@ class _Refiner:
         busiest rank's (`KEY_CAP`)."""
         self.last_critical_path = 0.0
         """The model's critical path of the last solution (seconds; `_critical_path`)."""
+        self.last_rank_times: dict[int, float] = {}
+        """The model's time of each free rank in the last solution (seconds)."""
 
     def option(self, u: Unit, d: Decision) -> _Option:
         key = (u.name, d)
@@ -683,21 +733,38 @@ class _Refiner:
                     cur_oth[k][b] += int(o.other[k][c])
         # ... and so on the other side of each free rank: the cells on the other ranks of
         # its node (intra-node links) or on the other nodes (inter-node links)
-        # the aggregator loads the movable cells put on the ranks of their rails now
+        # the aggregator loads the movable cells put on the ranks of their rails now, and
+        # the hierarchical ub cells' link terms (`_Option.hub`), per rank they are on
         cur_rail_own = np.zeros(cm.W, dtype=np.int64)
+        cur_hub = {hk: np.zeros(cm.W, dtype=np.int64) for hk in HUB_KEYS}
         for u in free_units + partial_units:
             o = self.option(u, self.decision[u.name])
-            if o.rail is None:
-                continue
             cells = range(len(o.load)) if u.name not in movable else movable[u.name]
             for c in cells:
-                cur_rail_own[int(self.ranks[u.name][c])] += int(o.rail[c])
+                b = int(self.ranks[u.name][c])
+                if o.rail is not None:
+                    cur_rail_own[b] += int(o.rail[c])
+                if o.hub is not None:
+                    for hk in HUB_KEYS:
+                        cur_hub[hk][b] += int(o.hub[hk][c])
         li = cm.local_of
         f_mask = np.zeros(cm.W, dtype=bool)
         f_mask[ranks_f] = True
         # on a free rank: the movable cells on the free ranks of its rail, its own aside
         rail_free = np.bincount(li[f_mask], cur_rail_own[f_mask], cm.G).astype(np.int64)
         cur_rail = rail_free[li] - cur_rail_own
+        # what the hierarchical ub cells put on each rank's two sides now
+        hub_near = {k: np.zeros(cm.W, dtype=np.int64) for k in LINKS}
+        hub_far = {k: np.zeros(cm.W, dtype=np.int64) for k in LINKS}
+        for (cls, k), arr in cur_hub.items():
+            if cls == "near_rail":
+                hub_near[k] += np.bincount(li, arr, cm.G).astype(np.int64)[li]
+            elif cls == "far_rail":
+                hub_far[k] += np.bincount(li, arr, cm.G).astype(np.int64)[li]
+            elif cls == "far_tot":
+                hub_far[k] += int(arr.sum())
+            else:
+                hub_far[k] += arr
         node_oth = {k: np.bincount(cm.node_of, cur_oth[k], cm.nodes) for k in LINKS}
         cur_other = {}
         for k in LINKS:
@@ -751,6 +818,9 @@ class _Refiner:
         }
         mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
         rail_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
+        hub_terms: dict[tuple[str, str], dict[int, list[tuple[int, cp_model.IntVar]]]] = {
+            hk: {a: [] for a in ranks_f} for hk in HUB_KEYS
+        }
         uni_load: list[tuple[int, cp_model.IntVar]] = []
         uni_ph: list[tuple[np.ndarray, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
@@ -785,6 +855,10 @@ class _Refiner:
                                 oterms[k][a].append((int(o.other[k][c]), xv))
                         if o.rail is not None and o.rail[c]:
                             rail_terms[a].append((int(o.rail[c]), xv))
+                        if o.hub is not None:
+                            for hk in HUB_KEYS:
+                                if o.hub[hk][c]:
+                                    hub_terms[hk][a].append((int(o.hub[hk][c]), xv))
                         mem_terms[a].append((int(o.mem[c]), xv))
                         on = o.d == cur and int(self.ranks[u.name][c]) == a
                         hints.append((xv, int(on)))
@@ -815,6 +889,10 @@ class _Refiner:
                             oterms[k][a].append((int(o.other[k][c]), xv))
                     if o.rail is not None and o.rail[c]:
                         rail_terms[a].append((int(o.rail[c]), xv))
+                    if o.hub is not None:
+                        for hk in HUB_KEYS:
+                            if o.hub[hk][c]:
+                                hub_terms[hk][a].append((int(o.hub[hk][c]), xv))
                     mem_terms[a].append((int(o.mem[c]), xv))
                     hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
                 m.add_exactly_one(xs)
@@ -825,6 +903,7 @@ class _Refiner:
             + sum(int(v.sum()) for v in (o.parts or {}).values())
             + sum(int(v.sum()) for v in (o.other or {}).values())
             + (int(o.rail.sum()) * cm.nodes if o.rail is not None else 0)
+            + sum(int(np.abs(v).sum()) * cm.W for v in (o.hub or {}).values())
             for lst in opts.values()
             for o in lst
         )
@@ -857,6 +936,39 @@ class _Refiner:
                 rail_sum[l_] = sum(
                     c * v for a in ranks_f if int(li[a]) == l_ for c, v in rail_terms[a]
                 )
+        # the hierarchical ub cells' terms: per rail of the free ranks (the cells placed on
+        # its free ranks) and in total
+        f_rails = sorted({int(li[a]) for a in ranks_f})
+        hub_rail: dict[tuple[str, str, int], Any] = {}
+        hub_tot: dict[tuple[str, str], Any] = {}
+        for hk in HUB_KEYS:
+            if not any(hub_terms[hk][a] for a in ranks_f):
+                continue
+            if hk[0] == "far_tot":
+                tv = m.new_int_var(-(top + 1), top + 1, f"ht_{hk[0]}_{hk[1]}")
+                m.add(tv == sum(c * v for a in ranks_f for c, v in hub_terms[hk][a]))
+                hub_tot[hk] = tv
+                z_hints.append((tv, int(cur_hub[hk][f_mask].sum())))
+            elif hk[0] != "far_own":
+                for l_ in f_rails:
+                    on_rail = [a for a in ranks_f if int(li[a]) == l_]
+                    rv = m.new_int_var(-(top + 1), top + 1, f"hr_{hk[0]}_{hk[1]}_{l_}")
+                    m.add(rv == sum(c * v for a in on_rail for c, v in hub_terms[hk][a]))
+                    hub_rail[(*hk, l_)] = rv
+                    z_hints.append((rv, int(sum(int(cur_hub[hk][a]) for a in on_rail))))
+
+        def hub_side(a: int, k: str, near: bool) -> Any:
+            """The hierarchical ub cells' part of one side of link `k` of free rank `a`."""
+            out: Any = 0
+            for cls in ("near_rail",) if near else ("far_tot", "far_rail", "far_own"):
+                if cls == "far_tot":
+                    out = out + hub_tot.get((cls, k), 0)
+                elif cls == "far_own":
+                    out = out + sum(c * v for c, v in hub_terms.get((cls, k), {}).get(a, []))
+                else:
+                    out = out + hub_rail.get((cls, k, int(li[a])), 0)
+            return out
+
         # per free rank: its time less its links, and each link's two bounds (what the
         # solution's makespan is evaluated from: T and the z are only bounded below)
         rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]] = {}
@@ -873,14 +985,15 @@ class _Refiner:
             bounds = {}
             for k in LINKS:
                 z = m.new_int_var(0, top + 1, f"z_{k}_{a}")
-                v0 = int(var_ns[k][a] - cur_part[k][a])
-                w0 = int(fix_ns[k][a] - cur_other[k][a])
+                v0 = int(var_ns[k][a] - cur_part[k][a] - hub_near[k][a])
+                w0 = int(fix_ns[k][a] - cur_other[k][a] - hub_far[k][a])
                 here = node_sum[k, int(cm.node_of[a])]
                 if k.endswith("intra"):
                     far = w0 + here - own_oth[k, a]
                 else:
                     far = w0 + sum(node_sum[k, n] for n in f_nodes) - here
-                near = v0 + sum(c * v for c, v in terms[k][a])
+                far = far + hub_side(a, k, near=False)
+                near = v0 + sum(c * v for c, v in terms[k][a]) + hub_side(a, k, near=True)
                 m.add(z >= far)
                 m.add(z >= near)
                 bounds[k] = (near, far)
@@ -1010,6 +1123,10 @@ class _Refiner:
         self.last_critical_path = (
             _critical_path(solver, phase_rows, rank_exprs, phase_out, window_ns) / TIME_SCALE
         )
+        self.last_rank_times = {
+            a: (int(solver.value(rest)) + sum(_link_values(solver, bounds, window_ns))) / TIME_SCALE
+            for a, (rest, bounds) in rank_exprs.items()
+        }
         name = "optimal" if status == cp_model.OPTIMAL else "feasible"
         return (
             name,
