@@ -321,19 +321,6 @@ def _shared_seconds(st: RankState) -> tuple[float, np.ndarray]:
     return float((t - beyond).max()), np.array([float(r.max()) for r in rest])
 
 
-def _makespan(
-    solver: Any, rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]], window_ns: int
-) -> int:
-    """The model's makespan of the free ranks in the solver's solution (ns): each link at
-    the larger of its two bounds, the keys beyond the window. `T` and the links' `z` are
-    only bounded below, and a solve stopped within its gap may leave them above that."""
-    out = 0
-    for rest, bounds in rank_exprs.values():
-        keys, results = _link_values(solver, bounds, window_ns)
-        out = max(out, int(solver.value(rest)) + results + keys)
-    return out
-
-
 def _link_values(
     solver: Any, bounds: dict[str, tuple[Any, Any]], window_ns: int
 ) -> tuple[int, int]:
@@ -354,7 +341,7 @@ def _critical_path(
     window_ns: int,
 ) -> int:
     """The model's critical path in the solver's solution (ns): each phase at its largest
-    over the free ranks (links at the larger of their bounds, as `_makespan`) and the
+    over the free ranks (links at the larger of their bounds, `_link_values`) and the
     ranks outside (their phases now plus the options' changes)."""
     top = [int(solver.value(e)) if not isinstance(e, int) else e for e in phase_out]
     for a, rows in phase_rows.items():
@@ -444,9 +431,8 @@ def _option(cm: CostModel, u: Unit, d: Decision) -> _Option:
         if cv.node_dedup:
             # hierarchical ub: its node's requesters and one aggregator per other node
             # talk to the owner; every rank talks to the cell over NVLink (to the owner or
-            # its aggregator), and one rank in G of a remote node is its aggregator (its
-            # share of the network side); the aggregators' HBM work and NVLink sends
-            # follow the owner's local index (`rail`)
+            # its aggregator); the aggregators (the owner's local index on the other
+            # nodes) carry its network side and do its aggregation HBM work (`rail`)
             assert cv.dist_node is not None and cv.res_node is not None
             assert cv.agg_hbm is not None
             n1 = cm.nodes - 1
@@ -821,6 +807,24 @@ class _Refiner:
         hub_terms: dict[tuple[str, str], dict[int, list[tuple[int, cp_model.IntVar]]]] = {
             hk: {a: [] for a in ranks_f} for hk in HUB_KEYS
         }
+
+        def add_terms(o: _Option, c: int, a: int, xv: cp_model.IntVar) -> None:
+            """What cell `c` of option `o` puts on free rank `a` when `xv` places it there."""
+            assert o.parts is not None and o.other is not None
+            for k in PARTS:
+                if o.parts[k][c]:
+                    terms[k][a].append((int(o.parts[k][c]), xv))
+            for k in LINKS:
+                if o.other[k][c]:
+                    oterms[k][a].append((int(o.other[k][c]), xv))
+            if o.rail is not None and o.rail[c]:
+                rail_terms[a].append((int(o.rail[c]), xv))
+            if o.hub is not None:
+                for hk in HUB_KEYS:
+                    if o.hub[hk][c]:
+                        hub_terms[hk][a].append((int(o.hub[hk][c]), xv))
+            mem_terms[a].append((int(o.mem[c]), xv))
+
         uni_load: list[tuple[int, cp_model.IntVar]] = []
         uni_ph: list[tuple[np.ndarray, cp_model.IntVar]] = []
         uni_mem: list[tuple[int, cp_model.IntVar]] = []
@@ -846,20 +850,7 @@ class _Refiner:
                         xv = m.new_bool_var(f"x_{u.name}_{oi}_{c}_{a}")
                         x[u.name, oi, c, a] = xv
                         xs.append(xv)
-                        assert o.parts is not None and o.other is not None
-                        for k in PARTS:
-                            if o.parts[k][c]:
-                                terms[k][a].append((int(o.parts[k][c]), xv))
-                        for k in LINKS:
-                            if o.other[k][c]:
-                                oterms[k][a].append((int(o.other[k][c]), xv))
-                        if o.rail is not None and o.rail[c]:
-                            rail_terms[a].append((int(o.rail[c]), xv))
-                        if o.hub is not None:
-                            for hk in HUB_KEYS:
-                                if o.hub[hk][c]:
-                                    hub_terms[hk][a].append((int(o.hub[hk][c]), xv))
-                        mem_terms[a].append((int(o.mem[c]), xv))
+                        add_terms(o, c, a, xv)
                         on = o.d == cur and int(self.ranks[u.name][c]) == a
                         hints.append((xv, int(on)))
                     m.add(sum(xs) == v)
@@ -880,20 +871,7 @@ class _Refiner:
                     xv = m.new_bool_var(f"p_{u.name}_{c}_{a}")
                     x[u.name, -1, c, a] = xv
                     xs.append(xv)
-                    assert o.parts is not None and o.other is not None
-                    for k in PARTS:
-                        if o.parts[k][c]:
-                            terms[k][a].append((int(o.parts[k][c]), xv))
-                    for k in LINKS:
-                        if o.other[k][c]:
-                            oterms[k][a].append((int(o.other[k][c]), xv))
-                    if o.rail is not None and o.rail[c]:
-                        rail_terms[a].append((int(o.rail[c]), xv))
-                    if o.hub is not None:
-                        for hk in HUB_KEYS:
-                            if o.hub[hk][c]:
-                                hub_terms[hk][a].append((int(o.hub[hk][c]), xv))
-                    mem_terms[a].append((int(o.mem[c]), xv))
+                    add_terms(o, c, a, xv)
                     hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
                 m.add_exactly_one(xs)
         capacity = int(cm.capacity)
@@ -1123,15 +1101,19 @@ class _Refiner:
         self.last_critical_path = (
             _critical_path(solver, phase_rows, rank_exprs, phase_out, window_ns) / TIME_SCALE
         )
-        self.last_rank_times = {
-            a: (int(solver.value(rest)) + sum(_link_values(solver, bounds, window_ns))) / TIME_SCALE
+        # each free rank with its links at the larger of their bounds, the keys beyond the
+        # window: `T` and the links' `z` are only bounded below, and a solve stopped within
+        # its gap may leave them above that
+        rank_ns = {
+            a: int(solver.value(rest)) + sum(_link_values(solver, bounds, window_ns))
             for a, (rest, bounds) in rank_exprs.items()
         }
+        self.last_rank_times = {a: v / TIME_SCALE for a, v in rank_ns.items()}
         name = "optimal" if status == cp_model.OPTIMAL else "feasible"
         return (
             name,
             chosen,
-            _makespan(solver, rank_exprs, window_ns) / TIME_SCALE,
+            max(rank_ns.values()) / TIME_SCALE,
             # a bound on T: objective = weight * T - kept >= bound, kept <= len(stay)
             max(0.0, solver.best_objective_bound / weight) / TIME_SCALE,
             dt,
