@@ -52,11 +52,11 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import numpy as np
 import torch
@@ -86,8 +86,17 @@ DENSE_PREFIX = "dense."
 DENSE_OPT_PREFIX = "dense_opt."
 
 
+_T = TypeVar("_T")
+
+
 class TrainerError(Exception):
     """A user-facing error of the generated trainer (printed without a traceback)."""
+
+
+class _StartFailed(TrainerError):
+    """A start-up error every rank of the job knows of (see `_Sharded._together`): each
+    rank says its part, then they all wait for each other before exiting, so that torchrun,
+    which stops the other ranks when the first one exits, cuts no rank's message off."""
 
 
 @dataclass(frozen=True)
@@ -298,8 +307,23 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         # is then told apart from an error all of them share
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         who = f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""
-        print(f"train.py: error: {who}{e}", file=sys.stderr)
+        print(f"train.py: error: {who}{e}", file=sys.stderr, flush=True)
+        if isinstance(e, _StartFailed):
+            _wait_for_the_others()
         return EXIT_USER_ERROR
+
+
+def _wait_for_the_others() -> None:
+    """Every rank is on its way out after a start-up error they all know of: meet once
+    more, so that each has printed its message before the first one exits."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the message is out; a broken group changes nothing
+        pass
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -699,9 +723,33 @@ class _Sharded:
         self.dtype = torch.float64 if exact else torch.float32
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.device, self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
-        self.data = _Data(program, plan, args)
+        self.data = self._together("read the dataset", lambda: _Data(program, plan, args))
         self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
         self.clusters = [c.name for c in plan.clusters] + ["dense"]
+
+    def _together(self, what: str, step: Callable[[], _T]) -> _T:
+        """Take a start-up `step` on every rank and agree on how it went: when it fails on
+        any rank (a dataset too small, a damaged checkpoint on one rank's disk), every rank
+        raises `_StartFailed`, the failing ones with their own error and the others naming
+        them, instead of the healthy ranks hanging in their first collective."""
+        error: Exception | None = None
+        try:
+            out = step()
+        except _user_errors() as e:
+            error = e
+        failed = torch.zeros(self.world, dtype=torch.int32, device=self.device)
+        failed[self.rank] = int(error is not None)
+        self.dist.all_reduce(failed)
+        if error is not None:
+            raise _StartFailed(str(error)) from None
+        if int(failed.sum()):
+            ranks = [r for r in range(self.world) if failed[r]]
+            names = ", ".join(str(r) for r in ranks)
+            raise _StartFailed(
+                f"stopped: could not {what} on rank{'s' if len(ranks) > 1 else ''} {names} "
+                "(see the message of each)"
+            )
+        return out
 
     def close(self) -> None:
         self.log.close()
@@ -762,7 +810,7 @@ class _Sharded:
 
     def run(self) -> int:
         a = self.args
-        start, source = self._resume()
+        start, source = self._together("resume", self._resume)
         self.log.say(
             f"{self.program.name}: {self.world} rank{'s' if self.world != 1 else ''}, "
             f"backend {self.dist.get_backend()}, "

@@ -181,6 +181,27 @@ def test_an_error_after_the_ranks_started_is_told_by_each_rank_naming_itself(tin
     assert "exitcode  : 2" in r.stderr or "exit code 2" in r.stderr or "exitcode: 2" in r.stderr
 
 
+def test_a_checkpoint_damaged_on_one_rank_stops_every_rank_at_once(tiny, tiny_run, tmp_path):
+    """Only rank 2 reads the damaged file: it names the file, the other ranks stop at once
+    naming rank 2 (rather than waiting in their first collective until the timeout), and
+    the job exits 2."""
+    work, _ = tiny_run
+    ckpt = tmp_path / "step-50"
+    shutil.copytree(work / "ckpt" / "step-50", ckpt)
+    victim = ckpt / "rank-00002.safetensors"
+    victim.write_bytes(victim.read_bytes()[:100])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    cmd += [str(tiny / "train.py"), "--quiet", "--steps", "60", "--resume", str(ckpt)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
+    assert r.returncode != 0
+    own = r"train.py: error: rank 2 of 4: .*rank-00002.safetensors"
+    assert re.search(own, r.stderr), r.stderr[-3000:]
+    for rank in (0, 1, 3):
+        line = f"train.py: error: rank {rank} of 4: stopped: could not resume on rank 2"
+        assert line in r.stderr, r.stderr[-3000:]
+    assert "exitcode  : 2" in r.stderr or "exit code 2" in r.stderr or "exitcode: 2" in r.stderr
+
+
 def test_the_readme_run_of_tiny_equals_the_reference_bit_for_bit(tiny, tiny_run, tmp_path):
     """The issue's end-to-end promise on tiny.embark as written (adagrad, adam,
     rowwise_adagrad tables and an adagrad dense optimizer), with the default options of
