@@ -345,6 +345,8 @@ class CellValues:
     buf_all: float
     owner: dict[bool, np.ndarray] = field(default_factory=dict)
     """Cache of `owner_seconds` for these cells, by hierarchical."""
+    _scalars: list[tuple[float, ...]] | None = field(default=None, repr=False, compare=False)
+    _peers: list[tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
     node_dedup: bool = False
     """Hierarchical ub on several nodes: every other node's aggregator (the owner's rail
     peer there) deduplicates its node's ids. `res` and `dist` are then what one requester
@@ -361,6 +363,26 @@ class CellValues:
     """node_dedup: per cell the row of `HUB_TERMS` sums its results add (x, X, h, b)."""
     hub_dist: np.ndarray | None = None
     """node_dedup: per cell the row its keys add (d, D), once per (row shard, owner)."""
+
+    def scalars(self, ci: int) -> tuple[float, ...]:
+        """Cell `ci`'s (hbm_own, weights, state, buf_own, res, res_node or 0, dist) as Python
+        floats: `RankState.move_cell` reads them once per move tried, and indexing the
+        arrays each time was most of its cost."""
+        if self._scalars is None:
+            node = self.res_node if self.res_node is not None else np.zeros(len(self.j))
+            cols = (self.hbm_own, self.weights, self.state, self.buf_own, self.res, node, self.dist)
+            self._scalars = list(zip(*(c.tolist() for c in cols), strict=True))
+        return self._scalars[ci]
+
+    def peers(self, ci: int) -> tuple[int, ...]:
+        """The other cells of cell `ci`'s row shard."""
+        if self._peers is None:
+            js = self.j.tolist()
+            by: dict[int, list[int]] = {}
+            for k, jk in enumerate(js):
+                by.setdefault(jk, []).append(k)
+            self._peers = [tuple(k for k in by[jk] if k != i) for i, jk in enumerate(js)]
+        return self._peers[ci]
 
 
 @dataclass
@@ -844,17 +866,15 @@ class RankState:
         self._cell_terms(cv, ci, a, -1.0, hierarchical)
         self._cell_terms(cv, ci, b, 1.0, hierarchical)
         # distributor: once per distinct (row shard, owner rank)
-        same = cv.j == cv.j[ci]
-        same[ci] = False
-        others = ranks[same]
-        if not (others == a).any():
+        others = [int(ranks[k]) for k in cv.peers(ci)]
+        if a not in others:
             self._dist_one(cv, ci, a, -1.0)
-        if not (others == b).any():
+        if b not in others:
             self._dist_one(cv, ci, b, 1.0)
 
     def _dist_one(self, cv: CellValues, ci: int, a: int, sign: float) -> None:
         """The distributor keys of cell `ci` on rank `a` (the first of its row shard there)."""
-        d = sign * float(cv.dist[ci])
+        d = sign * cv.scalars(ci)[6]
         if cv.node_dedup:
             assert cv.dist_node is not None
             assert cv.hub_dist is not None
@@ -878,15 +898,16 @@ class RankState:
         cm = self.cm
         W, G, nodes = cm.W, cm.G, cm.nodes
         n = a // G
-        self.hbm_own[a] += sign * float(cv.hbm_own[ci])
-        self.weights[a] += sign * float(cv.weights[ci])
-        self.state_b[a] += sign * float(cv.state[ci])
-        self.buf[a] += sign * float(cv.buf_own[ci])
-        x = sign * float(cv.res[ci])
+        hbm_own, weights, state, buf_own, res, res_node, _ = cv.scalars(ci)
+        self.hbm_own[a] += sign * hbm_own
+        self.weights[a] += sign * weights
+        self.state_b[a] += sign * state
+        self.buf[a] += sign * buf_own
+        x = sign * res
         if cv.node_dedup:
-            assert cv.res_node is not None and cv.hub_res is not None
+            assert cv.hub_res is not None
             self.res_sent_intra[a] += (G - 1) * x
-            self.res_sent_inter[a] += (nodes - 1) * sign * float(cv.res_node[ci])
+            self.res_sent_inter[a] += (nodes - 1) * sign * res_node
             self._hub_add(a, sign * cv.hub_res[ci])
             self.hub_x_tot += x
             return
@@ -1047,8 +1068,15 @@ class RankState:
 
 
 def phase_times(comp: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Seconds per rank of each of PHASE_GROUPS, from the components `comp`."""
-    return [np.sum([comp[c] for c in g], axis=0) for g in PHASE_GROUPS]
+    """Seconds per rank of each of PHASE_GROUPS, from the components `comp` (new arrays,
+    summed in the group's order)."""
+    out = []
+    for g in PHASE_GROUPS:
+        t = comp[g[0]].copy()
+        for c in g[1:]:
+            t += comp[c]
+        out.append(t)
+    return out
 
 
 def critical_path_of(per_rank: list[dict[str, float]]) -> float:

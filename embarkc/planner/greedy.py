@@ -818,14 +818,17 @@ class Search:
         """(step time, the sum over `cost.PHASE_GROUPS` of the 16-norms of their rank times,
         critical path): the norm is the search's smooth stand-in for the critical path,
         as in `score`."""
-        groups = phase_times(self.state.components())
-        times = np.sum(groups, axis=0)
+        groups = np.array(phase_times(self.state.components()))
+        times = groups.sum(axis=0)
+        peak = groups.max(axis=1)
+        on = peak > 0
+        top = peak[on]
+        norms = top * ((groups[on] / top[:, None]) ** P_NORM).sum(axis=1) ** (1.0 / P_NORM)
         norm = crit = 0.0
-        for t in groups:
-            m = float(t.max())
-            crit += m
-            if m > 0:
-                norm += m * float(((t / m) ** P_NORM).sum()) ** (1.0 / P_NORM)
+        for x in norms.tolist():
+            norm += x
+        for x in peak.tolist():
+            crit += x
         return float(times.max()), norm, crit
 
     def _row_shard_on(self, name: str, ci: int, rank: int) -> bool:
