@@ -78,13 +78,28 @@ def test_lns_is_deterministic_and_never_worse_than_greedy():
     assert r1.status in ("feasible", "greedy")
 
 
+def test_the_greedys_work_is_counted_the_same_every_time_and_shortens_the_refinement():
+    """The greedy's work is a deterministic count (the same on any machine, so the same
+    limit gives the same plan); the refinement gets what the limit leaves after it."""
+    from embarkc.planner import REFINE_SHARE, refine_budget
+
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
+    a, b = greedy(CostModel(prog)), greedy(CostModel(prog))
+    assert a.work == b.work > a.phase_work > 0
+    assert refine_budget(30.0, a.work, a.phase_work) == 30.0 * REFINE_SHARE
+    short = refine_budget(3.0, a.work, a.phase_work)
+    assert 0 < short < 3.0 - a.work - a.phase_work
+    assert refine_budget(a.work, a.work, a.phase_work) < 0
+
+
 def test_plan_records_solver_fields_and_is_byte_identical_for_a_seed():
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
-    a = plan_program(prog, solver="cp-sat", time_limit=0.3, baselines=False)
-    b = plan_program(prog, solver="cp-sat", time_limit=0.3, baselines=False)
+    a = plan_program(prog, solver="cp-sat", time_limit=3.0, baselines=False)
+    b = plan_program(prog, solver="cp-sat", time_limit=3.0, baselines=False)
     assert dumps_plan(a) == dumps_plan(b)
     extra = a.planner.model_extra or {}
     assert a.planner.status in ("optimal", "feasible", "greedy")
+    assert a.planner.wall_time > 0  # the limit left CP-SAT work to do (its deterministic s)
     assert extra["greedy_step_time"] >= a.estimate.step_time
     assert "message" in extra and a.planner.wall_time >= 0
 

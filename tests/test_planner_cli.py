@@ -13,9 +13,9 @@ TINY = str(ROOT / "specs" / "tiny.embark")
 
 def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    assert main(["plan", TINY, "-o", str(a), "--solver", "cp-sat", "--time-limit", "0.2"]) == 0
+    assert main(["plan", TINY, "-o", str(a), "--solver", "cp-sat", "--time-limit", "1.5"]) == 0
     out = capsys.readouterr().out
-    assert main(["plan", TINY, "-o", str(b), "--solver", "cp-sat", "--time-limit", "0.2"]) == 0
+    assert main(["plan", TINY, "-o", str(b), "--solver", "cp-sat", "--time-limit", "1.5"]) == 0
     assert a.read_bytes() == b.read_bytes()
     plan = load_plan(a)
     assert plan.planner.solver == "cp-sat"
@@ -34,6 +34,26 @@ def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsy
     capsys.readouterr()
     assert main(["plan", TINY, "--solver", "greedy"]) == 0
     assert "deterministic work" not in capsys.readouterr().out
+
+
+def test_a_limit_the_greedy_uses_up_is_said_with_the_limit_that_refines(tmp_path, capsys):
+    """The greedy's work is charged against the limit: a limit it leaves nothing of skips
+    CP-SAT and says so, naming the limit that refines; that limit does."""
+    import re
+
+    assert main(["plan", TINY, "--solver", "cp-sat", "--time-limit", "0.2"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(
+        r"the greedy's work \(about [0-9.]+ s\) left nothing of the 0.2 s time limit for "
+        r"CP-SAT; a limit of ([0-9]+) s or more refines the plan",
+        out,
+    )
+    assert m, out
+    assert "status greedy" in out and "cp-sat objective" not in out
+    a = tmp_path / "a.json"
+    assert main(["plan", TINY, "-o", str(a), "--solver", "cp-sat", "--time-limit", m[1]]) == 0
+    assert "cp-sat objective" in capsys.readouterr().out
+    assert load_plan(a).planner.wall_time > 0
 
 
 def test_plan_says_how_much_key_time_hides(tmp_path, capsys):

@@ -181,7 +181,7 @@ def _print(plan: Any, wall: float, output: str | None) -> None:
         print(f"  {pextra['message']}")
     if "greedy_step_time" in pextra:
         print(f"  greedy step time {_ms(pextra['greedy_step_time'])}")
-    if info.solver == "cp-sat" and pextra.get("objective") is not None:
+    if info.solver == "cp-sat" and info.wall_time and pextra.get("objective") is not None:
         bound = pextra.get("bound")
         print(
             f"  cp-sat objective {_ms(pextra['objective'])}"

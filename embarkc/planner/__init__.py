@@ -13,6 +13,7 @@ float rounded to 9 significant digits so that the same inputs give the same byte
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,10 +34,20 @@ __all__ = [
 ]
 
 REFINE_SHARE = 0.7
-"""Share of the time limit that CP-SAT's refinement gets (its own deterministic count of
-work, see cpsat.py); the greedy, the baselines and the estimate take the rest (2-5 s of
-CPU for the paper workloads), and the rest is the margin for a machine slower than the
-count's calibration (the shared development machine's CPU speed varied by up to 2x)."""
+"""Most of the time limit that CP-SAT's refinement gets (its own deterministic count of
+work, see cpsat.py). It gets less where the greedy's work (`greedy.work_seconds`), a
+second phase pass as long as the greedy's and the rest of the command (REST_SECONDS)
+would leave less: the whole
+plan command then stays within its limit on the development machine, and every budget
+being a deterministic count, the same spec and limit give the same plan on any machine."""
+
+REST_SECONDS = 0.3
+REST_SHARE = 0.1
+"""The CPU time the plan command spends besides the greedy and the refinement (starting,
+reading the spec, the baselines, the lower bound, the estimate, the checker), as
+REST_SECONDS plus REST_SHARE of the greedy's work: 0.7-1.2 s on the paper workloads at
+128 GPUs, whose greedy takes 2-9 s, and about 0.3 s on small specs (AMD EPYC development
+VM)."""
 
 
 def round9(x: Any) -> Any:
@@ -256,6 +267,14 @@ def warn_ignored_constraints(program: Program, plan: Plan) -> None:
         print(d.render(sources), file=sys.stderr)
 
 
+def refine_budget(time_limit: float, greedy_work: float, phase_work: float) -> float:
+    """Seconds of CP-SAT's deterministic work that `time_limit` leaves after a greedy of
+    `greedy_work` (`greedy.work_seconds`), a phase pass of `phase_work` on CP-SAT's
+    layout and REST_SECONDS, at most REFINE_SHARE of the limit; 0 or less: none."""
+    rest = REST_SECONDS + REST_SHARE * greedy_work
+    return min(time_limit * REFINE_SHARE, time_limit - greedy_work - phase_work - rest)
+
+
 def plan_program(
     program: Program,
     *,
@@ -269,8 +288,8 @@ def plan_program(
     """Plan `program`; arguments left None come from `program.options`.
 
     strategy "embark" runs the greedy search then `solver` ("cp-sat" refines the greedy
-    placement within REFINE_SHARE of `time_limit`, in deterministic work; "greedy" stops
-    after the greedy); "greedy" is the greedy alone; any other name of
+    placement for what `time_limit` leaves after the greedy, `refine_budget`, in
+    deterministic work; "greedy" stops after the greedy); "greedy" is the greedy alone; any other name of
     `baselines.STRATEGIES` builds that fixed strategy. With `baselines`, the step time of
     every fixed strategy (that fits) is recorded in `planner.baselines`.
     The result passes `validate_rules`; the same program and arguments give the same
@@ -313,21 +332,33 @@ def plan_program(
         if strategy == "embark" and solver == "cp-sat":
             from embarkc.planner.cpsat import refine
 
-            # the greedy, the baselines and the estimate share the limit with the
-            # refinement (a few seconds on T510 at 128 GPUs): it gets REFINE_SHARE of it
-            r = refine(cm, g, time_limit=time_limit * REFINE_SHARE, seed=seed, progress=progress)
-            layout = r.layout
-            if layout != g.layout:
-                # the greedy's layout had its phases balanced; CP-SAT's new one gets the same
-                layout = balanced_phases(cm, g.units, layout, progress)
-            info.update(
-                solver="cp-sat",
-                status=r.status,
-                wall_time=r.deterministic_time,
-                objective=r.objective,
-                bound=r.bound,
-                message=r.message,
-            )
+            # the greedy, a phase pass on CP-SAT's layout and the rest share the limit
+            # with the refinement, all by deterministic counts of work
+            budget = refine_budget(time_limit, g.work, g.phase_work)
+            if budget > 0:
+                r = refine(cm, g, time_limit=budget, seed=seed, progress=progress)
+                layout = r.layout
+                if layout != g.layout:
+                    # the greedy's layout had its phases balanced; CP-SAT's new one too
+                    layout = balanced_phases(cm, g.units, layout, progress)
+                info.update(
+                    solver="cp-sat",
+                    status=r.status,
+                    wall_time=r.deterministic_time,
+                    objective=r.objective,
+                    bound=r.bound,
+                    message=r.message,
+                )
+            else:
+                need = math.ceil(time_limit - budget + 1.0)
+                info.update(
+                    solver="cp-sat",
+                    message=(
+                        f"the greedy's work (about {g.work:.1f} s) left nothing of the "
+                        f"{time_limit:g} s time limit for CP-SAT; a limit of {need} s or "
+                        "more refines the plan"
+                    ),
+                )
         if baselines:
             info["baselines"] = bl.baseline_times(cm)
         # the least step time any plan of the spec can have by the same cost model

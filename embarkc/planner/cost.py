@@ -434,6 +434,11 @@ class CostModel:
         self._stat_cache: dict[
             tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         ] = {}
+        self.evaluations = 0
+        """`RankState.components` calls on this model: with `additions`, the search's
+        deterministic count of work (`greedy.work_seconds`)."""
+        self.additions = 0
+        """`RankState.add_cells` calls on this model."""
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -779,6 +784,7 @@ class RankState:
         with the table-wide requester terms; the distributor bytes are deduplicated per
         (row shard, rank)."""
         cm = self.cm
+        cm.additions += 1
         W, G, nodes = cm.W, cm.G, cm.nodes
         if len(ranks) == 1:
             self._add_one(cv, int(ranks[0]), sign, hierarchical)
@@ -965,6 +971,7 @@ class RankState:
     def components(self) -> dict[str, np.ndarray]:
         """Seconds per rank of every component."""
         cm = self.cm
+        cm.evaluations += 1
         W = cm.W
         c = self.counts
         hub = int(c["ub_hier"] > 0)

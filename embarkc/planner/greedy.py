@@ -161,6 +161,18 @@ layouts and 3.372 -> 3.279 ms (step 3.112 -> 3.107) within 16,000, in 1.3 s of C
 PHASE_EVALS_LARGE = 4000
 """The same for larger programs (planning time: T510 on 128 GPUs, one pass in 0.55 s)."""
 
+SECONDS_PER_EVALUATION = 133e-6
+SECONDS_PER_EVALUATION_RANK = 0.35e-6
+SECONDS_PER_ADDITION = 168e-6
+"""The search's CPU seconds per layout evaluated (`CostModel.evaluations`; the first,
+plus the second per rank) and per table added to or removed from a layout
+(`CostModel.additions`), with the search's own work around them. A least-squares fit to
+the greedy's CPU time on the 12 paper cases (DCNv2, T180, T200, T510 on 8, 32 and 128
+GPUs: 106.1, 0.279 and 134.4 us, each case within 23 %) on the 2-core AMD EPYC
+development VM (2026-12-02, the slower of the two it has run on), times 1.25: at least
+the measured time on all 12. `work_seconds` turns the counts into the deterministic
+time the plan command charges the greedy against its time limit."""
+
 PHASE_PASSES = 4
 """Passes of `Search.balance_phases` at most (`balanced_phases`; one for programs of more
 than FOUR_START_UNITS units)."""
@@ -1055,6 +1067,17 @@ class GreedyResult:
     step_time: float
     decisions: dict[str, Decision]
     units: list[Unit]
+    work: float = 0.0
+    """The search's deterministic work (`work_seconds`), all of it."""
+    phase_work: float = 0.0
+    """The part of `work` its `balanced_phases` took."""
+
+
+def work_seconds(cm: CostModel) -> float:
+    """The search work done on `cm` so far, in CPU seconds of the development machine
+    (SECONDS_PER_EVALUATION): a deterministic count, the same on every machine."""
+    per_eval = SECONDS_PER_EVALUATION + SECONDS_PER_EVALUATION_RANK * cm.W
+    return cm.evaluations * per_eval + cm.additions * SECONDS_PER_ADDITION
 
 
 def greedy(
@@ -1078,6 +1101,7 @@ def greedy(
     every program's critical path is lowered without raising its step time
     (`balanced_phases`).
     """
+    start_work = work_seconds(cm)
     units = units_of(cm)
     check_fits(cm, units)
     known: dict[str, dict[str, str]] = {}
@@ -1143,13 +1167,16 @@ def greedy(
     best = (cm.step_time(best[1]), best[1], best[2])  # from scratch: no drift of the sums
     if cm.W > 1 and (len(units) <= FOUR_START_UNITS or cm.W <= COLUMN_ONLY_RANKS):
         best = _rebalanced(cm, units, progress, best)
+    phase_start = work_seconds(cm)
     layout = balanced_phases(cm, units, best[1], progress)
+    phase_work = work_seconds(cm) - phase_start
     if layout is not best[1]:
         decisions = {u.name: decision_of(layout[u.tables[0]]) for u in units}
         best = (cm.step_time(layout), layout, decisions)
     if progress is not None:
         progress("greedy", 1.0, best[0])
-    return GreedyResult(best[1], best[0], best[2], units)
+    work = work_seconds(cm) - start_work
+    return GreedyResult(best[1], best[0], best[2], units, work, phase_work)
 
 
 def _rebalanced(
