@@ -29,7 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="planning strategy (default: the spec's, else embark)",
     )
     p.add_argument("--solver", choices=SOLVERS, help="solver (default: the spec's, else cp-sat)")
-    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="S",
+        help="time limit of the planning, seconds (default: the spec's, 30 s)",
+    )
     p.add_argument("--seed", type=int, help="planner seed (default: the spec's)")
     p.add_argument(
         "--dump", choices=("ast", "ir", "plan"), help="print this stage on stdout and stop"

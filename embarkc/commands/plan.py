@@ -30,7 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="PLAN", help="write the plan (plan.json) here")
     p.add_argument("--strategy", choices=STRATEGIES, help="search or fixed baseline strategy")
     p.add_argument("--solver", choices=("greedy", "cp-sat"), help="refinement after greedy")
-    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit, seconds")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="S",
+        help="time limit of the whole planning, seconds: the greedy, then CP-SAT with what "
+        "is left (default: the spec's, 30 s)",
+    )
     p.add_argument("--seed", type=int, metavar="N", help="solver seed")
     p.add_argument("--explain", metavar="TABLE", help="show every alternative for TABLE")
     p.add_argument(
