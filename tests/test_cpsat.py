@@ -3,6 +3,8 @@ and never returns a plan slower than greedy's."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -80,16 +82,49 @@ def test_lns_is_deterministic_and_never_worse_than_greedy():
 
 def test_the_greedys_work_is_counted_the_same_every_time_and_shortens_the_refinement():
     """The greedy's work is a deterministic count (the same on any machine, so the same
-    limit gives the same plan); the refinement gets what the limit leaves after it."""
-    from embarkc.planner import REFINE_SHARE, refine_budget
+    limit gives the same plan); the refinement gets what the limit leaves after it, and
+    the plan says which limit would refine when it leaves nothing."""
+    from dataclasses import replace
+
+    from embarkc.planner import REFINE_SHARE, no_refine_message, refine_budget
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
     a, b = greedy(CostModel(prog)), greedy(CostModel(prog))
-    assert a.work == b.work > a.phase_work > 0
+    assert a.work == b.work > a.phase_work > 0 and not a.stopped
     assert refine_budget(30.0, a.work, a.phase_work) == 30.0 * REFINE_SHARE
     short = refine_budget(3.0, a.work, a.phase_work)
     assert 0 < short < 3.0 - a.work - a.phase_work
-    assert refine_budget(a.work, a.work, a.phase_work) < 0
+    budget = refine_budget(a.work, a.work, a.phase_work)
+    assert budget < 0
+    need = math.ceil(a.work - budget + 1.0)
+    assert no_refine_message(a, a.work, budget).endswith(
+        f"time limit for CP-SAT; a limit of {need} s or more refines the plan"
+    )
+    assert refine_budget(need, a.work, a.phase_work) >= 1.0  # that limit does
+    cut = no_refine_message(replace(a, stopped=True), a.work, budget)
+    assert "cut short by the limit" in cut and cut.endswith("a longer limit gives both more")
+
+
+def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic():
+    """With a budget (from a time limit) the greedy runs its first start whole, stops its
+    later starts at RUNS_SHARE of the budget and its rebalance and phase passes at the
+    budget, by the deterministic work count: the same layout every time, never faster
+    than the search without a budget, and within the budget but for the first start."""
+    from embarkc.planner.greedy import RUNS_SHARE
+
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4)
+    full = greedy(CostModel(prog))
+    budget = full.work / 3
+    a, b = greedy(CostModel(prog), budget=budget), greedy(CostModel(prog), budget=budget)
+    assert a.stopped and not full.stopped
+    assert a.layout == b.layout and a.work == b.work
+    assert full.work * 0.2 < a.work < full.work * 0.5
+    assert a.step_time >= full.step_time * (1 - 1e-12)
+    cm = CostModel(prog)
+    one = greedy(cm, budget=0.0)  # the first start alone
+    assert cm.work_deadline == math.inf  # the budget does not outlive the call
+    assert one.stopped and one.work < a.work
+    assert RUNS_SHARE * budget < a.work
 
 
 def test_plan_records_solver_fields_and_is_byte_identical_for_a_seed():

@@ -37,9 +37,10 @@ REFINE_SHARE = 0.7
 """Most of the time limit that CP-SAT's refinement gets (its own deterministic count of
 work, see cpsat.py). It gets less where the greedy's work (`greedy.work_seconds`), a
 second phase pass as long as the greedy's and the rest of the command (REST_SECONDS)
-would leave less: the whole
-plan command then stays within its limit on the development machine, and every budget
-being a deterministic count, the same spec and limit give the same plan on any machine."""
+would leave less. The greedy itself stops its optional passes where the limit ends
+(`greedy_budget`). So the whole plan command stays within its limit on the development
+machine (down to the greedy's first start), and every budget being a deterministic
+count, the same spec and limit give the same plan on any machine."""
 
 REST_SECONDS = 0.3
 REST_SHARE = 0.1
@@ -267,12 +268,36 @@ def warn_ignored_constraints(program: Program, plan: Plan) -> None:
         print(d.render(sources), file=sys.stderr)
 
 
+def _rest(greedy_work: float) -> float:
+    return REST_SECONDS + REST_SHARE * greedy_work
+
+
+def greedy_budget(time_limit: float) -> float:
+    """The work (`greedy.work_seconds`) the greedy may take within `time_limit`: all of it
+    but the rest of the command (REST_SECONDS)."""
+    return (time_limit - REST_SECONDS) / (1.0 + REST_SHARE)
+
+
 def refine_budget(time_limit: float, greedy_work: float, phase_work: float) -> float:
     """Seconds of CP-SAT's deterministic work that `time_limit` leaves after a greedy of
     `greedy_work` (`greedy.work_seconds`), a phase pass of `phase_work` on CP-SAT's
     layout and REST_SECONDS, at most REFINE_SHARE of the limit; 0 or less: none."""
-    rest = REST_SECONDS + REST_SHARE * greedy_work
-    return min(time_limit * REFINE_SHARE, time_limit - greedy_work - phase_work - rest)
+    return min(
+        time_limit * REFINE_SHARE, time_limit - greedy_work - phase_work - _rest(greedy_work)
+    )
+
+
+def no_refine_message(g: Any, time_limit: float, budget: float) -> str:
+    """What the plan says when the greedy `g` (a `GreedyResult`) left CP-SAT no `budget`
+    of `time_limit`, with the limit that would refine when the greedy was not cut."""
+    cut = ", its later starts or passes cut short by the limit" if g.stopped else ""
+    msg = (
+        f"the greedy's work (about {g.work:.1f} s{cut}) left nothing of the "
+        f"{time_limit:g} s time limit for CP-SAT"
+    )
+    if g.stopped:
+        return msg + ": a longer limit gives both more"
+    return msg + f"; a limit of {math.ceil(time_limit - budget + 1.0)} s or more refines the plan"
 
 
 def plan_program(
@@ -318,7 +343,8 @@ def plan_program(
     cm = CostModel(program)
     info: dict[str, Any] = {"strategy": strategy, "seed": seed}
     if strategy in ("embark", "greedy"):
-        g = greedy(cm, progress=progress)
+        # the greedy gets the whole limit but the rest of the command; CP-SAT what it leaves
+        g = greedy(cm, progress=progress, budget=greedy_budget(time_limit))
         layout = g.layout
         info.update(
             solver="greedy",
@@ -327,7 +353,12 @@ def plan_program(
             greedy_step_time=g.step_time,
             objective=g.step_time,
             bound=None,
-            message="greedy placement with critical-rank splitting",
+            message="greedy placement with critical-rank splitting"
+            + (
+                f"; its later starts and passes cut at the {time_limit:g} s time limit"
+                if g.stopped
+                else ""
+            ),
         )
         if strategy == "embark" and solver == "cp-sat":
             from embarkc.planner.cpsat import refine
@@ -339,7 +370,9 @@ def plan_program(
                 r = refine(cm, g, time_limit=budget, seed=seed, progress=progress)
                 layout = r.layout
                 if layout != g.layout:
-                    # the greedy's layout had its phases balanced; CP-SAT's new one too
+                    # the greedy's layout had its phases balanced; CP-SAT's new one too (its
+                    # work reserved as the greedy's pass took; the pass is not cut short:
+                    # the refinement's count overstates its CPU time 2-3x on the VM)
                     layout = balanced_phases(cm, g.units, layout, progress)
                 info.update(
                     solver="cp-sat",
@@ -350,15 +383,7 @@ def plan_program(
                     message=r.message,
                 )
             else:
-                need = math.ceil(time_limit - budget + 1.0)
-                info.update(
-                    solver="cp-sat",
-                    message=(
-                        f"the greedy's work (about {g.work:.1f} s) left nothing of the "
-                        f"{time_limit:g} s time limit for CP-SAT; a limit of {need} s or "
-                        "more refines the plan"
-                    ),
-                )
+                info.update(solver="cp-sat", message=no_refine_message(g, time_limit, budget))
         if baselines:
             info["baselines"] = bl.baseline_times(cm)
         # the least step time any plan of the spec can have by the same cost model

@@ -32,6 +32,7 @@ capped at the shard's rows).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -439,6 +440,9 @@ class CostModel:
         deterministic count of work (`greedy.work_seconds`)."""
         self.additions = 0
         """`RankState.add_cells` calls on this model."""
+        self.work_deadline = math.inf
+        """The search's work (`greedy.work_seconds`) at which its optional passes stop (a
+        time limit the greedy would otherwise overrun; none by default)."""
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -173,6 +173,11 @@ development VM (2026-12-02, the slower of the two it has run on), times 1.25: at
 the measured time on all 12. `work_seconds` turns the counts into the deterministic
 time the plan command charges the greedy against its time limit."""
 
+RUNS_SHARE = 0.6
+"""Share of a greedy's work budget (`greedy`'s `budget`) after which no further start
+begins; the rest is for the rebalance and the phase passes (T180 on 128 GPUs: its 20
+runs take 7.8 s of its 11.4 s of work, the rebalance 1.2 and the phase pass 1.9)."""
+
 PHASE_PASSES = 4
 """Passes of `Search.balance_phases` at most (`balanced_phases`; one for programs of more
 than FOUR_START_UNITS units)."""
@@ -614,7 +619,7 @@ class Search:
         cur = self.score()
         best = (cur[1], self.snapshot())
         evals = 0
-        while evals < max_evals:
+        while evals < max_evals and not out_of_work(cm):
             t = self.state.times()
             crit = int(np.argmax(t))
             node = int(cm.node_of[crit])
@@ -643,7 +648,7 @@ class Search:
                         moves = self._cell_moves(name, ci, tr, crit, other, free, first)
                         if moves is None:
                             continue
-                        if evals >= max_evals:
+                        if evals >= max_evals or out_of_work(cm):
                             break
                         sc = self._score_moves(moves)
                         evals += 1
@@ -717,7 +722,7 @@ class Search:
         cap = cur[0] if cap is None else cap
         best = (cur[2], self.snapshot())
         evals = 0
-        while evals < max_evals:
+        while evals < max_evals and not out_of_work(cm):
             groups = phase_times(st.components())
             totals = np.sum(groups, axis=0)
             # the phases by how far their slowest rank is above their mean rank
@@ -751,7 +756,7 @@ class Search:
                         options += [(n2, cj) for _, n2, cj in sorted(on.get(tr, [])) if n2 != name]
                         for other in options:
                             moves = self._cell_moves(name, ci, tr, crit, other, free, True)
-                            if moves is None or evals >= max_evals:
+                            if moves is None or evals >= max_evals or out_of_work(cm):
                                 continue
                             sc = self._score_moves(moves, self._phase_score)
                             evals += 1
@@ -763,6 +768,8 @@ class Search:
                 if found is not None:
                     break
             if found is None:
+                if out_of_work(cm):
+                    break
                 # no cell move helps: re-place or re-grid a whole unit of a phase's
                 # slowest rank
                 which, d, spent = self._phase_unit_move(order, groups, cap, cur)
@@ -1071,6 +1078,9 @@ class GreedyResult:
     """The search's deterministic work (`work_seconds`), all of it."""
     phase_work: float = 0.0
     """The part of `work` its `balanced_phases` took."""
+    stopped: bool = False
+    """The budget ended the search before it was done (later starts, the rebalance or
+    the phase passes cut)."""
 
 
 def work_seconds(cm: CostModel) -> float:
@@ -1080,8 +1090,16 @@ def work_seconds(cm: CostModel) -> float:
     return cm.evaluations * per_eval + cm.additions * SECONDS_PER_ADDITION
 
 
+def out_of_work(cm: CostModel) -> bool:
+    """Whether the search has done the work `cm.work_deadline` allows."""
+    return cm.work_deadline != math.inf and work_seconds(cm) >= cm.work_deadline
+
+
 def greedy(
-    cm: CostModel, progress: Progress | None = None, max_iterations: int | None = None
+    cm: CostModel,
+    progress: Progress | None = None,
+    max_iterations: int | None = None,
+    budget: float | None = None,
 ) -> GreedyResult:
     """EMBark's greedy search on the cost model `cm` (see the module docstring).
 
@@ -1100,8 +1118,29 @@ def greedy(
     larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move. Last,
     every program's critical path is lowered without raising its step time
     (`balanced_phases`).
+
+    `budget`: the work (`work_seconds`) the search may take, from a time limit. The first
+    start always runs whole; the others start only within RUNS_SHARE of the budget, and
+    the rebalance and the phase passes stop where it ends. None: no limit.
     """
     start_work = work_seconds(cm)
+    if budget is None:
+        return _greedy(cm, progress, max_iterations, start_work)
+    cm.work_deadline = start_work + budget
+    try:
+        return _greedy(cm, progress, max_iterations, start_work, start_work + RUNS_SHARE * budget)
+    finally:
+        cm.work_deadline = math.inf
+
+
+def _greedy(
+    cm: CostModel,
+    progress: Progress | None,
+    max_iterations: int | None,
+    start_work: float,
+    runs_until: float = math.inf,
+) -> GreedyResult:
+    """`greedy`, its later starts only while the work stays below `runs_until`."""
     units = units_of(cm)
     check_fits(cm, units)
     known: dict[str, dict[str, str]] = {}
@@ -1151,7 +1190,11 @@ def greedy(
                 runs.append((d, True))
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
+    stopped = False
     for i, (decisions, exact_ref) in enumerate(runs):
+        if i > 0 and best is not None and work_seconds(cm) >= runs_until:
+            stopped = True
+            break  # the time limit: the rest is for the rebalance and the phase passes
         comm = next((x.comm for x in decisions.values() if x.kind == "ub"), ub_comm)
         search = Search(cm, units, progress, exact_ref, comm)
         try:
@@ -1176,7 +1219,8 @@ def greedy(
     if progress is not None:
         progress("greedy", 1.0, best[0])
     work = work_seconds(cm) - start_work
-    return GreedyResult(best[1], best[0], best[2], units, work, phase_work)
+    stopped = stopped or out_of_work(cm)
+    return GreedyResult(best[1], best[0], best[2], units, work, phase_work, stopped)
 
 
 def _rebalanced(
@@ -1232,6 +1276,8 @@ def balanced_phases(
     # 128 GPUs: 5.001 -> 4.853 ms in 0.55 s of CPU; a second pass, 4.837, as long again)
     passes = PHASE_PASSES if len(units) <= FOUR_START_UNITS else min(PHASE_PASSES, 1)
     for _ in range(passes):
+        if out_of_work(cm):
+            break
         search = Search(cm, units, progress, ub_comm=ub)
         search.adopt(decisions, out)
         # the step time may come back up to where it was before the first pass
