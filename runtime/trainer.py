@@ -659,9 +659,16 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
         )
     trainer = _Sharded(program, plan, args)
     try:
-        return trainer.run()
-    finally:
+        result = trainer.run()
+    except _StartFailed:
+        # the group stays up: `main` prints this rank's message, then meets the others in it
+        trainer.log.close()
+        raise
+    except BaseException:
         trainer.close()
+        raise
+    trainer.close()
+    return result
 
 
 def _join_restarted_job(device: torch.device) -> None:
@@ -742,8 +749,9 @@ class _Sharded:
         self.dist.all_reduce(failed)
         if error is not None:
             raise _StartFailed(str(error)) from None
-        if int(failed.sum()):
-            ranks = [r for r in range(self.world) if failed[r]]
+        flags = failed.cpu().tolist()
+        if any(flags):
+            ranks = [r for r, f in enumerate(flags) if f]
             names = ", ".join(str(r) for r in ranks)
             raise _StartFailed(
                 f"stopped: could not {what} on rank{'s' if len(ranks) > 1 else ''} {names} "
