@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embark_runtime.plan import Plan, dumps_plan, validate_rules
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Program
 from embarkc.planner.types import Layout
+
+if TYPE_CHECKING:
+    from embarkc.planner.greedy import GreedyResult
 
 __all__ = [
     "plan_program",
@@ -287,8 +290,8 @@ def refine_budget(time_limit: float, greedy_work: float, phase_work: float) -> f
     )
 
 
-def no_refine_message(g: Any, time_limit: float, budget: float) -> str:
-    """What the plan says when the greedy `g` (a `GreedyResult`) left CP-SAT no `budget`
+def no_refine_message(g: GreedyResult, time_limit: float, budget: float) -> str:
+    """What the plan says when the greedy `g` left CP-SAT no `budget`
     of `time_limit`, with the limit that would refine when the greedy was not cut."""
     cut = ", its later starts or passes cut short by the limit" if g.stopped else ""
     msg = (
@@ -312,10 +315,11 @@ def plan_program(
 ) -> Plan:
     """Plan `program`; arguments left None come from `program.options`.
 
-    strategy "embark" runs the greedy search then `solver` ("cp-sat" refines the greedy
-    placement for what `time_limit` leaves after the greedy, `refine_budget`, in
-    deterministic work; "greedy" stops after the greedy); "greedy" is the greedy alone; any other name of
-    `baselines.STRATEGIES` builds that fixed strategy. With `baselines`, the step time of
+    strategy "embark" runs the greedy search (within `greedy_budget(time_limit)`) then
+    `solver` ("cp-sat" refines the greedy placement for what `time_limit` leaves after
+    the greedy, `refine_budget`, in deterministic work; "greedy" stops after the greedy);
+    "greedy" is the greedy alone; any other name of `baselines.STRATEGIES` builds that
+    fixed strategy. With `baselines`, the step time of
     every fixed strategy (that fits) is recorded in `planner.baselines`.
     The result passes `validate_rules`; the same program and arguments give the same
     bytes from `dumps_plan`.

@@ -1079,8 +1079,9 @@ class GreedyResult:
     phase_work: float = 0.0
     """The part of `work` its `balanced_phases` took."""
     stopped: bool = False
-    """The budget ended the search before it was done (later starts, the rebalance or
-    the phase passes cut)."""
+    """The budget ran out: later starts were not begun, or the work reached the budget,
+    where the rebalance and the phase passes stop (rarely, a last pass that ends on its
+    own just past the budget counts too)."""
 
 
 def work_seconds(cm: CostModel) -> float:
