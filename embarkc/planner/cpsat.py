@@ -100,7 +100,7 @@ from typing import Any
 import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
-from embarkc.planner.cost import CostModel, RankState, phase_times
+from embarkc.planner.cost import HH, CostModel, RankState, phase_times
 from embarkc.planner.greedy import (
     P_NORM,
     Decision,
@@ -295,14 +295,17 @@ def _per_byte(cm: CostModel, link: str) -> float:
 
 def _shared_seconds(st: RankState) -> tuple[float, np.ndarray]:
     """The part of a rank's time that every rank shares (requester lookups of dp tables,
-    kernel launches, fixed latencies, the dp exchange): its time less its owner HBM work
-    and its all-to-all links, which the model has as variables; and the same per phase
+    kernel launches, fixed latencies, the dp exchange): its time less its owner and
+    aggregator HBM work and its all-to-all links, which the model has as variables; and the same per phase
     group (`cost.PHASE_GROUPS`: each phase's time less its variable part, at the rank where
     it is largest)."""
     cm = st.cm
     lk = st.links()
     comp = st.components()
     own = st.hbm_own / cm.bw_hbm
+    if st.counts["ub_hier"]:
+        # the aggregators' HBM work: the model has it per rail (`R`), not shared
+        own = own + st.aggregator(HH) / cm.bw_hbm
     t = sum(comp.values(), np.zeros(cm.W)) - own
     keys = np.zeros(cm.W)
     res = np.zeros(cm.W)
