@@ -270,6 +270,28 @@ def test_colocated_tables_share_their_ranks() -> None:
     assert rules(prog, plan_for(prog, shards=together)) == []
 
 
+def test_the_specs_communication_holds_for_rb_and_ub() -> None:
+    hier = program(nodes=2, gpus=2, options=PlanOptions(communication="hierarchical"))
+    v = validate_plan(hier, plan_for(hier))
+    assert [x.rule for x in v] == ["communication"] and x_names(v) == ["a"]
+    assert "hierarchical communication but rb cluster `rb0` is flat" in v[0].message
+    clusters = [
+        dict(name="rb0", kind="rb", communication="hierarchical", tables=["a"]),
+        dict(name="ub0", kind="ub", communication="hierarchical", tables=["b"]),
+        dict(name="dp0", kind="dp", tables=["c"]),
+    ]
+    within = a_cells((0, 2, (0, 8), 0), (1, 2, (0, 8), 1))  # rb on node 0, ub on rank 1
+    assert rules(hier, plan_for(hier, clusters=clusters, shards=within)) == []
+    # auto leaves it to the planner; flat asks for flat
+    auto = program(nodes=2, gpus=2)
+    assert rules(auto, plan_for(auto, clusters=clusters, shards=within)) == []
+    flat = program(nodes=2, gpus=2, options=PlanOptions(communication="flat"))
+    assert rules(flat, plan_for(flat, clusters=clusters, shards=within)) == [
+        "communication",
+        "communication",
+    ]
+
+
 def x_names(v: list[Any]) -> list[str | None]:
     return [x.table for x in v]
 

@@ -79,7 +79,11 @@ def programs(draw):
         tables=tuple(tables),
         features=tuple(feats),
         model=DenseModel(batch_size=64 * nodes * gpus, dense_features=1),
-        options=PlanOptions(time_limit=1.5, row_partition=draw(st.sampled_from(["mod", "range"]))),
+        options=PlanOptions(
+            time_limit=1.5,
+            row_partition=draw(st.sampled_from(["mod", "range"])),
+            communication=draw(st.sampled_from(["auto", "auto", "flat", "hierarchical"])),
+        ),
         constraints=tuple(cons),
         colocate=colocate,
     )

@@ -3,7 +3,7 @@
 `validate_plan(program, plan)` returns every broken rule it finds as a `Violation`;
 `check_plan(program, plan, path)` raises an `EmbarkError` that names them;
 `constraint_violations(program, plan)` checks only the spec's placement constraints (the
-last five rules below), each violation with the span of its constraint. It knows
+last six rules below), each violation with the span of its constraint. It knows
 nothing of how plans are searched (it never imports the planner's search or cost code),
 so it can judge the planner's output, a baseline, or a hand-edited file alike.
 
@@ -28,6 +28,8 @@ THE RULES (the `rule` field of a Violation)
 * `within-node`: every cell of a `within_node` table is on the GPUs of one node (a dp
   table is on every rank, so it satisfies this only on a one-node cluster).
 * `colocate`: the tables of a colocate group occupy the same set of ranks.
+* `communication`: where the spec's plan options name a communication (flat or
+  hierarchical, not auto), every rb and ub cluster has it.
 
 (That every rb cluster says how its results travel, flat or hierarchical, is contract
 rule 1.)
@@ -70,7 +72,7 @@ def _names_differ(spec: list[str], plan: list[str]) -> str | None:
 
 def validate_plan(program: Program, plan: Plan, *, constraints: bool = True) -> list[Violation]:
     """Every rule (module docstring) that `plan` breaks for `program`, in rule order;
-    without `constraints`, the spec's placement constraints (cluster-kind to colocate)
+    without `constraints`, the spec's placement constraints (cluster-kind to communication)
     are not checked (a fixed strategy ignores them by design)."""
     try:
         validate_rules(plan)
@@ -249,7 +251,7 @@ def _span(node) -> Span | None:
 
 def constraint_violations(program: Program, plan: Plan) -> list[Violation]:
     """The spec's placement constraints that `plan` breaks (rules cluster-kind to
-    colocate), each with the span of the constraint. Assumes `plan` describes `program`."""
+    communication), each with the span of the constraint. Assumes `plan` describes `program`."""
     out: list[Violation] = []
     g = program.topology.gpus_per_node
     for c in program.constraints:
@@ -303,6 +305,19 @@ def constraint_violations(program: Program, plan: Plan) -> list[Violation]:
                     at,
                 )
             )
+    mode = program.options.communication
+    if mode != "auto":
+        for cl in plan.clusters:
+            if cl.kind != "dp" and cl.communication is not None and cl.communication != mode:
+                out.append(
+                    Violation(
+                        "communication",
+                        f"the spec's plan options ask for {mode} communication but "
+                        f"{cl.kind} cluster `{cl.name}` is {cl.communication}",
+                        cl.tables[0] if cl.tables else None,
+                        _span(program.options),
+                    )
+                )
     for group in program.colocate:
         sets = {name: _grid(plan, name)[3] for name in group.tables}
         first = group.tables[0]
