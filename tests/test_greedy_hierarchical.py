@@ -88,11 +88,15 @@ def test_without_the_hierarchical_start_t200_and_t180_plan_slower(monkeypatch):
     t200, t180 = _model("t200", 16), _model("t180", 4)
     with_start = (greedy(t200).step_time, greedy(t180).step_time)
     monkeypatch.setattr(greedy_mod, "hierarchical_start", lambda *a: None)
+    only_bound = greedy(t180).step_time
+    monkeypatch.setattr(greedy_mod, "bound_start", lambda *a: None)
     without = (greedy(t200).step_time, greedy(t180).step_time)
     assert [round(t * 1e3, 3) for t in with_start] == [4.503, 18.475]
     # without it T200's best plan dedups its ub tables per node (4.679 ms before the
     # planner had hierarchical ub)
     assert [round(t * 1e3, 3) for t in without] == [4.579, 19.136]
+    # the lower bound's kinds (hierarchical rb for T180 here) find it from another start
+    assert round(only_bound * 1e3, 3) == 18.46
 
 
 def test_hierarchical_start_splits_the_units_heavier_than_a_fair_share():

@@ -119,11 +119,12 @@ def _fixed(cm: CostModel, kinds: tuple[str, ...]) -> float:
     return float(st.times().mean())
 
 
-def lower_bound(cm: CostModel) -> LowerBound:
-    """The least step time any plan of `cm.program` can have by the cost model `cm`."""
-    rows: list[list[tuple[str, float, float]]] = []
+def _unit_options(cm: CostModel) -> list[tuple[Unit, list[list[tuple[str, float, float]]]]]:
+    """Each unit with, per table, its options as (category, work, keys)."""
+    out: list[tuple[Unit, list[list[tuple[str, float, float]]]]] = []
     seen: dict[tuple[object, ...], list[tuple[str, float, float]]] = {}
     for u in units_of(cm):
+        rows = []
         for name in u.tables:
             # tables of equal costs (`TableFacts.cache_key`) and bounds share their options
             key = (cm.facts[name].cache_key(u.min_r), u.kinds, u.min_r, u.min_c)
@@ -132,6 +133,19 @@ def lower_bound(cm: CostModel) -> LowerBound:
                 got = [(cat, *_totals(cm, name, p)) for cat, p in _options(cm, u, name)]
                 seen[key] = got
             rows.append(got)
+        out.append((u, rows))
+    return out
+
+
+def lower_bound(cm: CostModel) -> LowerBound:
+    """The least step time any plan of `cm.program` can have by the cost model `cm`."""
+    return _lower_bound(cm, _unit_options(cm))
+
+
+def _lower_bound(
+    cm: CostModel, units: list[tuple[Unit, list[list[tuple[str, float, float]]]]]
+) -> LowerBound:
+    rows = [opts for _, per_table in units for opts in per_table]
     W = cm.W
     best: LowerBound | None = None
     for size in range(1, len(CATEGORIES) + 1):
@@ -151,3 +165,33 @@ def lower_bound(cm: CostModel) -> LowerBound:
                     best = LowerBound(t, kinds, work / W, beyond, fixed)
     assert best is not None, "every table has an allowed option"
     return best
+
+
+def bound_categories(cm: CostModel) -> dict[str, str]:
+    """Each unit's category (of CATEGORIES) in the kind set the lower bound is reached
+    with: the one of that set in which the unit's tables cost least work over all ranks
+    (their keys, then the order of CATEGORIES, break ties). A plan of these kinds whose
+    work were spread evenly would reach the bound, so it is a start for the search
+    (`greedy.bound_start`) that no single unit's move reaches when the kinds share a
+    cluster's fixed costs: on DLRM-DCNv2 at 16 x 8 GPUs the ten smallest tables dp and the
+    others rb, where each table alone is cheaper as rb than in a dp cluster of its own."""
+    units = _unit_options(cm)
+    lb = _lower_bound(cm, units)
+    out: dict[str, str] = {}
+    for u, per_table in units:
+        best: tuple[float, float, int] | None = None
+        for i, cat in enumerate(CATEGORIES):
+            if cat not in lb.kinds:
+                continue
+            work = keys = 0.0
+            for opts in per_table:
+                allowed = [(w, k) for c, w, k in opts if c == cat]
+                if not allowed:
+                    break
+                w, k = min(allowed)
+                work, keys = work + w, keys + k
+            else:
+                if best is None or (work, keys, i) < best:
+                    best = (work, keys, i)
+                    out[u.name] = cat
+    return out

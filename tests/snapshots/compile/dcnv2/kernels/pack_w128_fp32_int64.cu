@@ -41,9 +41,9 @@ typedef i64 key_t;  // row index / key (int64)
 constexpr int BLOCK = 256;  // threads per block
 typedef float storage_t;  // element as stored (fp32)
 typedef uint4 raw_t;  // one vector, raw bits
-constexpr int WIDTH = 32;  // elements per row (cell width)
+constexpr int WIDTH = 128;  // elements per row (cell width)
 constexpr int VEC = 4;  // elements per vector access
-constexpr int GROUP = 8;  // threads per bag / row
+constexpr int GROUP = 32;  // threads per bag / row
 constexpr int CHUNKS = 1;  // vectors per thread
 __device__ __forceinline__ float to_float(storage_t x) { return embark_f32_to_float(x); }
 __device__ __forceinline__ storage_t from_float(float x) { return embark_float_to_f32(x); }
@@ -110,7 +110,7 @@ __device__ __forceinline__ u32 group_mask() {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_pack_w32_fp32_int64_gather(
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_pack_w128_fp32_int64_gather(
     const cfg::storage_t* __restrict__ src,  // [num_rows, WIDTH]
     const cfg::key_t* __restrict__ index,    // [m]
     cfg::storage_t* __restrict__ out,        // [m, WIDTH]
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_pack_w32_fp32_in
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_pack_w32_fp32_int64_scatter_add(
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_pack_w128_fp32_int64_scatter_add(
     float* __restrict__ dst,                 // [num_rows, WIDTH], accumulated in place
     const cfg::key_t* __restrict__ index,    // [m]
     const float* __restrict__ src,           // [m, WIDTH]

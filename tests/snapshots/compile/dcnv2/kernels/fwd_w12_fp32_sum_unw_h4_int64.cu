@@ -45,13 +45,13 @@ typedef i64 key_t;  // row index / key (int64)
 constexpr int BLOCK = 256;  // threads per block
 typedef float storage_t;  // element as stored (fp32)
 typedef uint4 raw_t;  // one vector, raw bits
-constexpr int WIDTH = 32;  // elements per row (cell width)
+constexpr int WIDTH = 12;  // elements per row (cell width)
 constexpr int VEC = 4;  // elements per vector access
-constexpr int GROUP = 8;  // threads per bag / row
+constexpr int GROUP = 4;  // threads per bag / row
 constexpr int CHUNKS = 1;  // vectors per thread
 constexpr bool WEIGHTED = false;  // per-id weights
-constexpr int OUT_WIDTH = 32;  // columns of the pooled output
-constexpr int UNROLL = 3;  // row loads in flight
+constexpr int OUT_WIDTH = 12;  // columns of the pooled output
+constexpr int UNROLL = 4;  // row loads in flight
 __device__ __forceinline__ float to_float(storage_t x) { return embark_f32_to_float(x); }
 __device__ __forceinline__ storage_t from_float(float x) { return embark_float_to_f32(x); }
 }  // namespace cfg
@@ -117,7 +117,7 @@ __device__ __forceinline__ u32 group_mask() {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_fwd_w32_fp32_sum_unw_h3_int64(
+extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_fwd_w12_fp32_sum_unw_h4_int64(
     const cfg::storage_t* __restrict__ weight,  // [num_rows, WIDTH]
     const cfg::key_t* __restrict__ rows,        // [nnz] local row of every id
     const i64* __restrict__ offsets,            // [num_bags + 1] bag b is ids [offsets[b], offsets[b+1])
