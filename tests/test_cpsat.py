@@ -106,11 +106,12 @@ def test_the_greedys_work_is_counted_the_same_every_time_and_shortens_the_refine
 
 
 def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic():
-    """With a budget (from a time limit) the greedy runs its first start whole, stops its
-    later starts at RUNS_SHARE of the budget and its rebalance and phase passes at the
-    budget, by the deterministic work count: the same layout every time, here no faster
-    than the search without a budget (DCNv2 on 32 GPUs, a third of its work), and well
-    below the whole search's work."""
+    """With a budget (from a time limit) the greedy places its first start whole, stops
+    its later starts at RUNS_SHARE of the budget and its descents, rebalance and phase
+    passes at the budget, by the deterministic work count: the same layout every time,
+    here no faster than the search without a budget (DCNv2 on 32 GPUs, a third of its
+    work), and well below the whole search's work. With no budget at all the plan is the
+    first start's placement, not descended."""
     from embarkc.planner.greedy import RUNS_SHARE
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4)
@@ -122,10 +123,38 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     assert full.work * 0.2 < a.work < full.work * 0.5
     assert a.step_time >= full.step_time * (1 - 1e-12)
     cm = CostModel(prog)
-    one = greedy(cm, budget=0.0)  # the first start alone
+    one = greedy(cm, budget=0.0)  # the first start's placement alone
     assert cm.work_deadline == math.inf  # the budget does not outlive the call
-    assert one.stopped and one.work < a.work
+    assert one.stopped and one.work < 0.05 * full.work
+    assert one.step_time > a.step_time * 1.05
     assert RUNS_SHARE * budget < a.work
+    # a budget within the first start's descent: its work stops near it
+    first = greedy(CostModel(prog), budget=0.5)
+    assert first.stopped and 0.5 <= first.work < 0.5 + 0.05 * full.work
+    assert one.step_time > first.step_time > a.step_time
+
+
+def test_a_short_limit_holds_for_t510_with_its_baselines_reserved():
+    """T510 on 16 x 8 GPUs at a 2 s limit: the baselines' time (2.5 ms a table) is
+    reserved, the greedy's descent stops where the rest of the limit ends (its first
+    start's placement is all it must finish), and the plan says so."""
+    import re
+
+    from embarkc.planner import BASELINE_SECONDS_PER_TABLE, greedy_budget
+
+    prog = program_from_workload(SHARED / "workloads" / "t510.json", nodes=16)
+    plan = plan_program(prog, solver="cp-sat", time_limit=2.0, baselines=False)
+    assert plan.planner.status == "greedy"
+    said = re.search(
+        r"the greedy's work \(about ([0-9.]+) s, its search cut short", plan.planner.message
+    )
+    assert said, plan.planner.message
+    reserve = BASELINE_SECONDS_PER_TABLE * len(prog.tables)
+    assert reserve > 1.0
+    assert float(said.group(1)) <= greedy_budget(2.0, reserve) + 0.15
+    # the same plan whether or not the caller records the baselines
+    again = plan_program(prog, solver="cp-sat", time_limit=2.0)
+    assert again.shards == plan.shards
 
 
 def test_plan_records_solver_fields_and_is_byte_identical_for_a_seed():

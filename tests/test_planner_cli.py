@@ -37,15 +37,15 @@ def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsy
 
 
 def test_a_limit_the_greedy_uses_up_is_said_and_a_longer_one_refines(tmp_path, capsys):
-    """The greedy's work is charged against the limit: one it uses up (its later starts
-    and passes cut short) skips CP-SAT and says so; a longer one refines."""
+    """The greedy's work is charged against the limit: one it uses up (its search cut
+    short) skips CP-SAT and says so; a longer one refines."""
     import re
 
     a = tmp_path / "a.json"
     assert main(["plan", TINY, "-o", str(a), "--solver", "cp-sat", "--time-limit", "0.2"]) == 0
     out = capsys.readouterr().out
     said = (
-        r"the greedy's work \(about [0-9.]+ s, its later starts or passes cut short by the "
+        r"the greedy's work \(about [0-9.]+ s, its search cut short by the "
         r"limit\) left nothing of the 0.2 s time limit for CP-SAT: a longer limit gives both more"
     )
     assert re.search(said, out), out

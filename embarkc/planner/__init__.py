@@ -40,18 +40,25 @@ REFINE_SHARE = 0.7
 """Most of the time limit that CP-SAT's refinement gets (its own deterministic count of
 work, see cpsat.py). It gets less where the greedy's work (`greedy.work_seconds`), a
 second phase pass as long as the greedy's and the rest of the command (REST_SECONDS)
-would leave less. The greedy itself stops its optional passes where the limit ends
+would leave less. The greedy itself stops its search where the limit ends
 (`greedy_budget`). So the whole plan command stays within its limit on the development
-machine (down to the greedy's first start), and every budget being a deterministic
-count, the same spec and limit give the same plan on any machine."""
+machine (down to the placement of the greedy's first start), and every budget being a
+deterministic count, the same spec and limit give the same plan on any machine."""
 
 REST_SECONDS = 0.3
 REST_SHARE = 0.1
-"""The CPU time the plan command spends besides the greedy and the refinement (starting,
-reading the spec, the baselines, the lower bound, the estimate, the checker), as
-REST_SECONDS plus REST_SHARE of the greedy's work: 0.7-1.2 s on the paper workloads at
-128 GPUs, whose greedy takes 2-9 s, and about 0.3 s on small specs (AMD EPYC development
-VM)."""
+"""The CPU time the plan command spends besides the greedy, the refinement and the
+baselines (starting, reading the spec, the lower bound, the estimate, the checker), as
+REST_SECONDS plus REST_SHARE of the greedy's work: measured with the baselines at 0.7-1.2
+s on the paper workloads at 128 GPUs, whose greedy takes 2-9 s, and about 0.3 s on small
+specs (AMD EPYC development VM), so a margin is left."""
+
+BASELINE_SECONDS_PER_TABLE = 2.5e-3
+"""CPU seconds per table of the fixed strategies' step times (`baselines.baseline_times`,
+five layouts costed from scratch), which the plan command records: 1.26-1.32 s for
+T510's 510 tables, 0.34-0.46 s for T180's 177 and T200's 200, 0.10-0.16 s for DCNv2's 26
+(AMD EPYC development VM). Reserved from the limit of every search (`plan_program`), so
+that a plan does not depend on whether its caller records them."""
 
 
 def round9(x: Any) -> Any:
@@ -271,29 +278,34 @@ def warn_ignored_constraints(program: Program, plan: Plan) -> None:
         print(d.render(sources), file=sys.stderr)
 
 
-def _rest(greedy_work: float) -> float:
-    return REST_SECONDS + REST_SHARE * greedy_work
+def _rest(greedy_work: float, reserve: float) -> float:
+    return REST_SECONDS + REST_SHARE * greedy_work + reserve
 
 
-def greedy_budget(time_limit: float) -> float:
+def greedy_budget(time_limit: float, reserve: float = 0.0) -> float:
     """The work (`greedy.work_seconds`) the greedy may take within `time_limit`: all of it
-    but the rest of the command (REST_SECONDS)."""
-    return (time_limit - REST_SECONDS) / (1.0 + REST_SHARE)
+    but the rest of the command (REST_SECONDS, REST_SHARE of its work and `reserve`
+    seconds for what the command does besides, the baselines')."""
+    return (time_limit - REST_SECONDS - reserve) / (1.0 + REST_SHARE)
 
 
-def refine_budget(time_limit: float, greedy_work: float, phase_work: float) -> float:
+def refine_budget(
+    time_limit: float, greedy_work: float, phase_work: float, reserve: float = 0.0
+) -> float:
     """Seconds of CP-SAT's deterministic work that `time_limit` leaves after a greedy of
     `greedy_work` (`greedy.work_seconds`), a phase pass of `phase_work` on CP-SAT's
-    layout and REST_SECONDS, at most REFINE_SHARE of the limit; 0 or less: none."""
+    layout and the rest of the command (`reserve` as for `greedy_budget`), at most
+    REFINE_SHARE of the limit; 0 or less: none."""
     return min(
-        time_limit * REFINE_SHARE, time_limit - greedy_work - phase_work - _rest(greedy_work)
+        time_limit * REFINE_SHARE,
+        time_limit - greedy_work - phase_work - _rest(greedy_work, reserve),
     )
 
 
 def no_refine_message(g: GreedyResult, time_limit: float, budget: float) -> str:
     """What the plan says when the greedy `g` left CP-SAT no `budget`
     of `time_limit`, with the limit that would refine when the greedy was not cut."""
-    cut = ", its later starts or passes cut short by the limit" if g.stopped else ""
+    cut = ", its search cut short by the limit" if g.stopped else ""
     msg = (
         f"the greedy's work (about {g.work:.1f} s{cut}) left nothing of the "
         f"{time_limit:g} s time limit for CP-SAT"
@@ -348,7 +360,10 @@ def plan_program(
     info: dict[str, Any] = {"strategy": strategy, "seed": seed}
     if strategy in ("embark", "greedy"):
         # the greedy gets the whole limit but the rest of the command; CP-SAT what it leaves
-        g = greedy(cm, progress=progress, budget=greedy_budget(time_limit))
+        # the baselines' time is reserved whether or not this call records them: the
+        # plan depends on the spec and the limit alone, as the plan command makes it
+        reserve = BASELINE_SECONDS_PER_TABLE * len(program.tables)
+        g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve))
         layout = g.layout
         info.update(
             solver="greedy",
@@ -358,18 +373,14 @@ def plan_program(
             objective=g.step_time,
             bound=None,
             message="greedy placement with critical-rank splitting"
-            + (
-                f"; its later starts and passes cut at the {time_limit:g} s time limit"
-                if g.stopped
-                else ""
-            ),
+            + (f"; its search cut at the {time_limit:g} s time limit" if g.stopped else ""),
         )
         if strategy == "embark" and solver == "cp-sat":
             from embarkc.planner.cpsat import refine
 
             # the greedy, a phase pass on CP-SAT's layout and the rest share the limit
             # with the refinement, all by deterministic counts of work
-            budget = refine_budget(time_limit, g.work, g.phase_work)
+            budget = refine_budget(time_limit, g.work, g.phase_work, reserve)
             if budget > 0:
                 r = refine(cm, g, time_limit=budget, seed=seed, progress=progress)
                 layout = r.layout

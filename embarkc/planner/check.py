@@ -251,7 +251,8 @@ def _span(node) -> Span | None:
 
 def constraint_violations(program: Program, plan: Plan) -> list[Violation]:
     """The spec's placement constraints that `plan` breaks (rules cluster-kind to
-    communication), each with the span of the constraint. Assumes `plan` describes `program`."""
+    communication), each with the span of the constraint. Assumes `plan` describes
+    `program`."""
     out: list[Violation] = []
     g = program.topology.gpus_per_node
     for c in program.constraints:

@@ -296,9 +296,9 @@ def _per_byte(cm: CostModel, link: str) -> float:
 def _shared_seconds(st: RankState) -> tuple[float, np.ndarray]:
     """The part of a rank's time that every rank shares (requester lookups of dp tables,
     kernel launches, fixed latencies, the dp exchange): its time less its owner and
-    aggregator HBM work and its all-to-all links, which the model has as variables; and the same per phase
-    group (`cost.PHASE_GROUPS`: each phase's time less its variable part, at the rank where
-    it is largest)."""
+    aggregator HBM work and its all-to-all links, which the model has as variables; and
+    the same per phase group (`cost.PHASE_GROUPS`: each phase's time less its variable
+    part, at the rank where it is largest)."""
     cm = st.cm
     lk = st.links()
     comp = st.components()

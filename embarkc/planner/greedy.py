@@ -1001,6 +1001,8 @@ class Search:
         cm = self.cm
         best = self.score()[1]
         for _ in range(rounds):
+            if out_of_work(cm):
+                break  # the time limit
             crit = int(np.argmax(self.state.times()))
             on_crit = {
                 name: load
@@ -1030,6 +1032,8 @@ class Search:
         best = self.score()
         best_seen = (best[1], dict(self.layout), self.snapshot())
         for it in range(max_iterations):
+            if out_of_work(self.cm):
+                break  # the time limit: the best layout seen so far
             times = self.state.times()
             crit = int(np.argmax(times))
             on_crit: dict[str, float] = {}
@@ -1082,8 +1086,8 @@ class GreedyResult:
     """The part of `work` its `balanced_phases` took."""
     stopped: bool = False
     """The budget ran out: later starts were not begun, or the work reached the budget,
-    where the rebalance and the phase passes stop (rarely, a last pass that ends on its
-    own just past the budget counts too)."""
+    where the descents, the rebalance and the phase passes stop (rarely, a last pass that
+    ends on its own just past the budget counts too)."""
 
 
 def work_seconds(cm: CostModel) -> float:
@@ -1117,15 +1121,17 @@ def greedy(
     columns, once per share of COLUMN_SHARES (`column_start`; for programs of more than
     FOUR_START_UNITS units on more than COLUMN_ONLY_RANKS ranks these replace the other
     starts). Programs of up to FOUR_START_UNITS units also search the lower bound's kinds
-    (`bound_start`) and, when the keys hide, their column starts. The fastest result is rebalanced cell by cell (`Search.rebalance`): on
+    (`bound_start`) and, when the keys hide, their column starts. The fastest result is
+    rebalanced cell by cell (`Search.rebalance`): on
     programs of up to FOUR_START_UNITS units by the best move of all, then on those and on
     larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move. Last,
     every program's critical path is lowered without raising its step time
     (`balanced_phases`).
 
     `budget`: the work (`work_seconds`) the search may take, from a time limit. The first
-    start always runs whole; the others start only within RUNS_SHARE of the budget, and
-    the rebalance and the phase passes stop where it ends. None: no limit.
+    start's placement always runs whole; the others start only within RUNS_SHARE of the
+    budget; the descents, the rebalance and the phase passes stop where it ends (each
+    with the best layout it has seen). None: no limit.
     """
     start_work = work_seconds(cm)
     if budget is None:
@@ -1445,10 +1451,9 @@ def bound_start(
 ) -> dict[str, Decision] | None:
     """Every unit on the kind and communication of its category in the lower bound's
     kind set (`bound.bound_categories`; the spec's communication where it names one) and
-    its initial grid, for programs of at most
-    FOUR_START_UNITS units (planning time); units without one keep `start`'s decision.
-    None when the set has both flat and hierarchical ub (a search shares one ub
-    communication).
+    its initial grid, for programs of at most FOUR_START_UNITS units (planning time);
+    units without one keep `start`'s decision. None when the set has both flat and
+    hierarchical ub (a search shares one ub communication).
 
     The other starts choose each unit's kind alone, and a descent moves one unit's kind
     at a time, so neither reaches a plan in which several tables share a cluster whose
@@ -1495,6 +1500,8 @@ def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decis
     layout, dec = dict(search.layout), dict(search.decisions)
     # by the search's incremental state (`greedy` re-costs the plan it keeps from scratch)
     best = (search.state.step_time(), layout, dec)
+    if out_of_work(search.cm):
+        return best  # the time limit: no re-pack
     try:
         search.place_all(dec)
         search.improve(limit)
