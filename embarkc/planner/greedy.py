@@ -47,7 +47,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -70,6 +70,9 @@ from embarkc.units import format_bytes
 
 Progress = Callable[[str, float, float], None]
 """progress(stage, fraction done, best step time so far)."""
+
+_S = TypeVar("_S")
+"""What `Search.judged` judges a layout by."""
 
 
 @dataclass(frozen=True)
@@ -816,21 +819,13 @@ class Search:
             for name in ranked[:top_units]:
                 u = self.by_name[name]
                 moves = self.candidates(u, self.decisions[name])
-                base = self.snapshot()
-                self.remove(u)
-                without = self.snapshot()
-                for d in moves:
-                    try:
-                        self.place(u, d)
-                        sc = self._phase_score()
-                    except NoRoom:
-                        sc = (math.inf, math.inf, math.inf)
-                    self.restore(without)
-                    evals += 1
+                failed = (math.inf, math.inf, math.inf)
+                judged = self.judged(u, moves, self._phase_score, failed)
+                for d, sc in zip(moves, judged, strict=True):
                     if sc[0] <= cap and sc[1] < cur[1] * (1 - 1e-9):
                         if best is None or sc[1] < best[0]:
                             best = (sc[1], name, d)
-                self.restore(base)
+                evals += len(moves)
             if best is not None:
                 return best[1], best[2], evals
         return None, None, evals
@@ -953,19 +948,27 @@ class Search:
         return current
 
     def scores(self, u: Unit, moves: list[Decision]) -> list[tuple[float, float]]:
-        """`try_move` of every move in `moves`, each from the current state, which is
-        restored afterwards; `u` is removed and the rank times without it computed once."""
+        """`try_move` of every move in `moves` (`score`; (inf, inf) when it does not fit),
+        each from the current state, which is restored afterwards."""
+        return self.judged(u, moves, self.score, (math.inf, math.inf))
+
+    def judged(
+        self, u: Unit, moves: list[Decision], judge: Callable[[], _S], failed: _S
+    ) -> list[_S]:
+        """`judge()` of the layout after re-placing `u` with each move in `moves` (`failed`
+        when it does not fit), each from the current state, which is restored afterwards;
+        `u` is removed and the rank times without it computed once."""
         base = self.snapshot()
         self.remove(u)
         without = self.snapshot()
         ref = self.state.times() if self.exact_ref else None
-        out = []
+        out: list[_S] = []
         for d in moves:
             try:
                 self.place(u, d, None if ref is None else ref.copy())
-                out.append(self.score())
+                out.append(judge())
             except NoRoom:
-                out.append((math.inf, math.inf))
+                out.append(failed)
             self.restore(without)
         self.restore(base)
         return out
