@@ -119,9 +119,13 @@ def _fixed(cm: CostModel, kinds: tuple[str, ...]) -> float:
     return float(st.times().mean())
 
 
-def _unit_options(cm: CostModel) -> list[tuple[Unit, list[list[tuple[str, float, float]]]]]:
+_UnitOptions = list[tuple[Unit, list[list[tuple[str, float, float]]]]]
+"""Each unit with, per table, its options as (category, work, keys)."""
+
+
+def _unit_options(cm: CostModel) -> _UnitOptions:
     """Each unit with, per table, its options as (category, work, keys)."""
-    out: list[tuple[Unit, list[list[tuple[str, float, float]]]]] = []
+    out: _UnitOptions = []
     seen: dict[tuple[object, ...], list[tuple[str, float, float]]] = {}
     for u in units_of(cm):
         rows = []
@@ -142,9 +146,7 @@ def lower_bound(cm: CostModel) -> LowerBound:
     return _lower_bound(cm, _unit_options(cm))
 
 
-def _lower_bound(
-    cm: CostModel, units: list[tuple[Unit, list[list[tuple[str, float, float]]]]]
-) -> LowerBound:
+def _lower_bound(cm: CostModel, units: _UnitOptions) -> LowerBound:
     rows = [opts for _, per_table in units for opts in per_table]
     W = cm.W
     best: LowerBound | None = None

@@ -294,11 +294,18 @@ def _per_byte(cm: CostModel, link: str) -> float:
 
 
 def _shared_seconds(st: RankState) -> tuple[float, np.ndarray]:
-    """The part of a rank's time that every rank shares (requester lookups of dp tables,
-    kernel launches, fixed latencies, the dp exchange): its time less its owner and
-    aggregator HBM work and its all-to-all links, which the model has as variables; and
-    the same per phase group (`cost.PHASE_GROUPS`: each phase's time less its variable
-    part, at the rank where it is largest)."""
+    """The part of a rank's time that every rank shares (`_shared_parts`) at the rank
+    where it is largest; and the same per phase group."""
+    t, rest = _shared_parts(st)
+    return float(t.max()), np.array([float(r.max()) for r in rest])
+
+
+def _shared_parts(st: RankState) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Per rank, the part of its time that every rank shares (requester lookups of dp
+    tables, kernel launches, fixed latencies, the dp exchange): its time less its owner
+    and aggregator HBM work and its all-to-all links, which the model has as variables;
+    and the same per phase group (`cost.PHASE_GROUPS`: each phase's time less its
+    variable part)."""
     cm = st.cm
     lk = st.links()
     comp = st.components()
@@ -320,8 +327,7 @@ def _shared_seconds(st: RankState) -> tuple[float, np.ndarray]:
     # the key phase counts only beyond the dense compute window (RankState.components)
     beyond = cm.keys_beyond_window(keys)
     ph = phase_times(comp)
-    rest = (ph[0] - own, ph[1] - beyond, ph[2] - res, ph[3])
-    return float((t - beyond).max()), np.array([float(r.max()) for r in rest])
+    return t - beyond, (ph[0] - own, ph[1] - beyond, ph[2] - res, ph[3])
 
 
 def _link_values(
