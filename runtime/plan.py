@@ -469,15 +469,16 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             f"plan version {data.get('version')!r} is not supported (this embarkc reads "
             f"version {VERSION}); re-plan the spec with this embarkc",
         )
+    # strict: a JSON string, boolean or float where the contract has an integer is a broken
+    # plan (`"rank": true` would otherwise be read as rank 1), not something to coerce
     try:
-        plan = Plan.model_validate(data)
+        plan = Plan.model_validate_json(text, strict=True)
     except ValidationError as e:
         where, msg = _first_error(e)
         raise PlanError(path, "schema", f"field `{where}`: {msg}") from None
     try:
-        _OwnFields.model_validate(
-            {k: data[k] for k in ("estimate", "planner", "model", "seed") if k in data}
-        )
+        own = {k: data[k] for k in ("estimate", "planner", "model", "seed") if k in data}
+        _OwnFields.model_validate_json(json.dumps(own), strict=True)
     except ValidationError as e:
         where, msg = _first_error(e)
         raise PlanError(

@@ -129,6 +129,13 @@ def test_memory_by_rank_counts_state_and_replicas():
             "normal(mean, std) needs std > 0",
         ),
         (lambda d: d.update(model={"top_mlp": [0]}), "schema", "model.top_mlp.0"),
+        # no coercion: what the contract has as an integer is one in the JSON
+        (lambda d: d["shards"][2].update(rank=True), "schema", "shards.2.rank"),
+        (lambda d: d["shards"][2].update(rank="3"), "schema", "shards.2.rank"),
+        (lambda d: d["shards"][2].update(rank=3.0), "schema", "shards.2.rank"),
+        (lambda d: d["tables"][1].update(dim="4"), "schema", "tables.1.dim"),
+        (lambda d: d["shards"][0].update(columns=[0, "4"]), "schema", "shards.0.columns.1"),
+        (lambda d: d["estimate"].update(critical_rank=True), "schema", "estimate.critical_rank"),
     ],
 )
 def test_broken_plan_names_the_rule(mutate, rule, needle):
