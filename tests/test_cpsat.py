@@ -134,27 +134,50 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     assert one.step_time > first.step_time > a.step_time
 
 
-def test_a_short_limit_holds_for_t510_with_its_baselines_reserved():
-    """T510 on 16 x 8 GPUs at a 2 s limit: the baselines' time (2.5 ms a table) is
-    reserved, the greedy's descent stops where the rest of the limit ends (its first
-    start's placement is all it must finish), and the plan says so."""
+def test_a_short_limit_holds_for_t510_and_leaves_out_the_baselines_that_do_not_fit():
+    """T510 on 16 x 8 GPUs at a 2 s limit: the baselines would take 1.4 s of it (2.8 ms a
+    table), more than BASELINE_SHARE of what the rest of the command leaves, so they are
+    neither reserved nor recorded; the greedy's descent stops where the limit ends (its
+    first start's placement is all it must finish), and the plan says so. From 4 s on
+    they fit and are reserved."""
     import re
 
-    from embarkc.planner import BASELINE_SECONDS_PER_TABLE, greedy_budget
+    from embarkc.planner import (
+        BASELINE_SECONDS_PER_TABLE,
+        baselines_fit,
+        baselines_limit,
+        command_reserve,
+        greedy_budget,
+    )
 
     prog = program_from_workload(SHARED / "workloads" / "t510.json", nodes=16)
-    plan = plan_program(prog, solver="cp-sat", time_limit=2.0, baselines=False)
+    n = len(prog.tables)
+    assert not baselines_fit(2.0, n) and not baselines_fit(3.0, n)
+    assert baselines_limit(n) == 4 and baselines_fit(4.0, n)
+    assert command_reserve(4.0, n) - command_reserve(2.0, n) == BASELINE_SECONDS_PER_TABLE * n
+    plan = plan_program(prog, solver="cp-sat", time_limit=2.0)
     assert plan.planner.status == "greedy"
+    assert "baselines" not in (plan.planner.model_extra or {})
     said = re.search(
         r"the greedy's work \(about ([0-9.]+) s, its search cut short", plan.planner.message
     )
     assert said, plan.planner.message
-    reserve = BASELINE_SECONDS_PER_TABLE * len(prog.tables)
-    assert reserve > 1.0
-    assert float(said.group(1)) <= greedy_budget(2.0, reserve) + 0.15
-    # the same plan whether or not the caller records the baselines
-    again = plan_program(prog, solver="cp-sat", time_limit=2.0)
-    assert again.shards == plan.shards
+    assert float(said.group(1)) <= greedy_budget(2.0, command_reserve(2.0, n)) + 0.15
+    assert plan_program(prog, solver="cp-sat", time_limit=2.0, baselines=False) == plan
+
+
+def test_the_baselines_time_is_reserved_whether_or_not_the_caller_records_them():
+    """DCNv2 on 16 x 8 GPUs at 2 s: its 26 tables' baselines fit, so their time is kept
+    from the search either way, and the plan is the same with or without them."""
+    from embarkc.planner import BASELINE_SECONDS_PER_TABLE, command_reserve
+
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
+    assert command_reserve(2.0, 26) > BASELINE_SECONDS_PER_TABLE * 26
+    a = plan_program(prog, solver="cp-sat", time_limit=2.0)
+    b = plan_program(prog, solver="cp-sat", time_limit=2.0, baselines=False)
+    assert set((a.planner.model_extra or {})["baselines"]) >= {"table-wise", "column-wise"}
+    assert "baselines" not in (b.planner.model_extra or {})
+    assert a.shards == b.shards and a.clusters == b.clusters
 
 
 def test_plan_records_solver_fields_and_is_byte_identical_for_a_seed():

@@ -50,6 +50,12 @@ def test_a_limit_the_greedy_uses_up_is_said_and_a_longer_one_refines(tmp_path, c
     )
     assert re.search(said, out), out
     assert "status greedy" in out and "cp-sat objective" not in out
+    # the rest of the command alone takes more than 0.2 s: no time for the baselines
+    assert (
+        "baselines: not costed, they would take about 0.017 s of the 0.2 s time limit; "
+        "a limit of 1 s or more costs them"
+    ) in out
+    assert "baseline table-wise" not in out
     assert load_plan(a).planner.wall_time == 0
     assert main(["plan", TINY, "-o", str(a), "--solver", "cp-sat", "--time-limit", "3"]) == 0
     assert "cp-sat objective" in capsys.readouterr().out

@@ -122,13 +122,14 @@ def run(args: argparse.Namespace) -> int:
                 hint="give -o a file path in a folder you can write to",
             )
     with contextlib.redirect_stdout(summary_to):
-        _print(plan, wall, args.output)
+        limit = program.options.time_limit if args.time_limit is None else args.time_limit
+        _print(plan, wall, args.output, limit)
         if args.explain:
             _explain(program, plan, args.explain)
     return EXIT_OK
 
 
-def _print(plan: Any, wall: float, output: str | None) -> None:
+def _print(plan: Any, wall: float, output: str | None, limit: float) -> None:
     est = plan.estimate
     extra = est.model_extra or {}
     topo = plan.topology
@@ -199,6 +200,15 @@ def _print(plan: Any, wall: float, output: str | None) -> None:
         print(
             f"  lower bound {_ms(low)} for any plan (all the work spread evenly): "
             f"this plan is {100 * (est.step_time / low - 1):.1f} % above it"
+        )
+    if info.strategy in ("embark", "greedy") and "baselines" not in pextra:
+        from embarkc.planner import BASELINE_SECONDS_PER_TABLE, baselines_limit
+
+        n = len(plan.tables)
+        print(
+            f"  baselines: not costed, they would take about "
+            f"{BASELINE_SECONDS_PER_TABLE * n:.2g} s of the {limit:g} s time limit; "
+            f"a limit of {baselines_limit(n)} s or more costs them"
         )
     for name, t in sorted(pextra.get("baselines", {}).items()):
         line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"

@@ -45,20 +45,55 @@ would leave less. The greedy itself stops its search where the limit ends
 machine (down to the placement of the greedy's first start), and every budget being a
 deterministic count, the same spec and limit give the same plan on any machine."""
 
-REST_SECONDS = 0.3
+REST_SECONDS = 0.55
+REST_SECONDS_PER_TABLE = 3e-4
 REST_SHARE = 0.1
-"""The CPU time the plan command spends besides the greedy, the refinement and the
-baselines (starting, reading the spec, the lower bound, the estimate, the checker), as
-REST_SECONDS plus REST_SHARE of the greedy's work: measured with the baselines at 0.7-1.2
-s on the paper workloads at 128 GPUs, whose greedy takes 2-9 s, and about 0.3 s on small
-specs (AMD EPYC development VM), so a margin is left."""
+"""The wall time the plan command spends besides the greedy, the refinement and the
+baselines, from the process's start to its exit: starting Python and importing embarkc
+(0.3 s), reading the spec (0.1 s), the lower bound, the estimate, the checker, writing the
+plan and its summary (0.1-0.2 s, more with more tables). Counted as REST_SECONDS plus
+REST_SECONDS_PER_TABLE a table plus REST_SHARE of the greedy's work: measured at 0.52 s on
+T180 (177 tables) and 0.64 s on T510 (510) at 16 x 8 GPUs (AMD EPYC development VM,
+`/proc/self/stat` start to exit, 2026-12-03), about 0.45 s on small specs."""
 
-BASELINE_SECONDS_PER_TABLE = 2.5e-3
+BASELINE_SECONDS_PER_TABLE = 2.8e-3
 """CPU seconds per table of the fixed strategies' step times (`baselines.baseline_times`,
-five layouts costed from scratch), which the plan command records: 1.26-1.32 s for
-T510's 510 tables, 0.34-0.46 s for T180's 177 and T200's 200, 0.10-0.16 s for DCNv2's 26
-(AMD EPYC development VM). Reserved from the limit of every search (`plan_program`), so
-that a plan does not depend on whether its caller records them."""
+five layouts costed from scratch), which the plan command records: 1.42 s for T510's 510
+tables, 0.34-0.46 s for T180's 177 and T200's 200, 0.10-0.16 s for DCNv2's 26 (AMD EPYC
+development VM). Reserved from the limit of every search (`plan_program`) where they fit
+in it (`baselines_fit`), so that a plan does not depend on whether its caller records
+them."""
+
+BASELINE_SHARE = 0.5
+"""Most of the limit (less the rest of the command) that the baselines may take: with a
+shorter limit the search keeps the time and the plan records no baselines (T510 at 2 s:
+they would take 1.4 s of it)."""
+
+
+def _fixed_rest(n_tables: int) -> float:
+    return REST_SECONDS + REST_SECONDS_PER_TABLE * n_tables
+
+
+def baselines_fit(time_limit: float, n_tables: int) -> bool:
+    """Whether the baselines' time of `n_tables` tables fits in `time_limit`
+    (BASELINE_SHARE of it, less the rest of the command)."""
+    need = BASELINE_SECONDS_PER_TABLE * n_tables
+    return need <= BASELINE_SHARE * (time_limit - _fixed_rest(n_tables))
+
+
+def baselines_limit(n_tables: int) -> int:
+    """The least whole number of seconds of limit in which the baselines fit."""
+    need = BASELINE_SECONDS_PER_TABLE * n_tables
+    return math.ceil(_fixed_rest(n_tables) + need / BASELINE_SHARE)
+
+
+def command_reserve(time_limit: float, n_tables: int) -> float:
+    """Seconds of the limit kept from the searches besides REST_SECONDS and REST_SHARE of
+    the greedy's work: the per-table rest, and the baselines' time where they fit."""
+    reserve = REST_SECONDS_PER_TABLE * n_tables
+    if baselines_fit(time_limit, n_tables):
+        reserve += BASELINE_SECONDS_PER_TABLE * n_tables
+    return reserve
 
 
 def round9(x: Any) -> Any:
@@ -360,9 +395,9 @@ def plan_program(
     info: dict[str, Any] = {"strategy": strategy, "seed": seed}
     if strategy in ("embark", "greedy"):
         # the greedy gets the whole limit but the rest of the command; CP-SAT what it leaves
-        # the baselines' time is reserved whether or not this call records them: the
-        # plan depends on the spec and the limit alone, as the plan command makes it
-        reserve = BASELINE_SECONDS_PER_TABLE * len(program.tables)
+        # the baselines' time is reserved (where they fit) whether or not this call
+        # records them: the plan depends on the spec and the limit alone
+        reserve = command_reserve(time_limit, len(program.tables))
         g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve))
         layout = g.layout
         info.update(
@@ -399,7 +434,7 @@ def plan_program(
                 )
             else:
                 info.update(solver="cp-sat", message=no_refine_message(g, time_limit, budget))
-        if baselines:
+        if baselines and baselines_fit(time_limit, len(program.tables)):
             info["baselines"] = bl.baseline_times(cm)
         # the least step time any plan of the spec can have by the same cost model
         info["lower_bound"] = lower_bound(cm).step_time
