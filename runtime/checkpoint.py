@@ -51,10 +51,11 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embark_runtime.keys import local_row, row_shard_of
 from embark_runtime.plan import Plan, dumps_plan
@@ -544,18 +545,63 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     return out
 
 
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _ManTensor(_Strict):
+    name: str
+    dtype: str
+    shape: list[Annotated[int, Field(ge=0)]]
+
+
+class _ManCell(_Strict):
+    table: str
+    file: str
+    rank: int = Field(ge=0)
+    row_shard: int = Field(ge=0)
+    row_shards: int = Field(gt=0)
+    columns: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
+    weight: _ManTensor
+    state: dict[str, _ManTensor] = {}
+
+
+class _ManTable(_Strict):
+    rows: int = Field(gt=0)
+    dim: int = Field(gt=0)
+    optimizer: str
+
+
+class _ManFile(_Strict):
+    bytes: int = Field(ge=0)
+    sha256: str
+
+
+class _Manifest(_Strict):
+    """The shape of a manifest (what the loader reads of it): a damaged or hand-edited one
+    is named by its field, not a crash in the loader."""
+
+    step: int = Field(ge=0)
+    world_size: int = Field(gt=0)
+    row_partition: Literal["mod", "range"]
+    tables: dict[str, _ManTable]
+    cells: list[_ManCell]
+    files: dict[str, _ManFile]
+
+
 def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """The manifest of one checkpoint directory, checked for format and consistency."""
+    """The manifest of one checkpoint directory, checked for format, shape and consistency."""
     path = Path(directory) / MANIFEST
     if not Path(directory).is_dir():
         raise CheckpointError(f"{directory}: no such checkpoint directory")
     try:
-        m = json.loads(path.read_text())
+        text = path.read_text()
+        m = json.loads(text)
     except FileNotFoundError:
         raise CheckpointError(
             f"{path}: missing (an incomplete checkpoint, or not a checkpoint directory)"
         ) from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an {FORMAT} manifest")
@@ -563,12 +609,17 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: checkpoint format version {m.get('version')!r}, this runtime reads {VERSION}"
         )
-    for key in ("step", "world_size", "row_partition", "tables", "cells", "files"):
-        if key not in m:
-            raise CheckpointError(f"{path}: manifest has no `{key}`")
+    try:
+        _Manifest.model_validate_json(text)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise CheckpointError(
+            f"{path}: damaged manifest: field `{where}`: {err['msg']} (resume from another "
+            "step-N, or from the checkpoint's plan.json and a fresh start)"
+        ) from None
     for c in m["cells"]:
-        if c["table"] not in m["tables"] or c["file"] not in m["files"]:
-            raise CheckpointError(f"{path}: cell of `{c['table']}` names an unknown table or file")
+        _check_manifest_cell(path, m, c)
     for name, t in m["tables"].items():
         own = [c for c in m["cells"] if c["table"] == name]
         shards = {c["row_shards"] for c in own}
@@ -586,6 +637,41 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
                     f"{path}: the cells of `{name}` row shard {j} do not tile its columns"
                 )
     return m
+
+
+def _check_manifest_cell(path: Path, m: dict[str, Any], c: dict[str, Any]) -> None:
+    """A cell of manifest `m` names a known table and file, lies inside its table, and
+    lists tensors of the shapes and dtypes the loader reads (weights, optimizer state)."""
+    name = c["table"]
+    if name not in m["tables"] or c["file"] not in m["files"]:
+        raise CheckpointError(f"{path}: cell of `{name}` names an unknown table or file")
+    t = m["tables"][name]
+    layout = STATE_LAYOUT.get(t["optimizer"])
+    if layout is None:
+        raise CheckpointError(
+            f"{path}: table `{name}` has optimizer `{t['optimizer']}`; this runtime knows "
+            f"{', '.join(sorted(STATE_LAYOUT))}"
+        )
+    lo, hi = c["columns"]
+    j, r = c["row_shard"], c["row_shards"]
+    if not (lo < hi <= t["dim"] and j < r):
+        raise CheckpointError(
+            f"{path}: a cell of `{name}` (row shard {j} of {r}, columns [{lo}, {hi})) lies "
+            f"outside the table's {t['dim']} columns or its row shards"
+        )
+    n = _row_count(t["rows"], j, r, m["row_partition"])
+    want = {"weight": [n, hi - lo]}
+    for key, kind in layout.items():
+        want[key] = [n, hi - lo] if kind == "element" else [n]
+    for key, shape in want.items():
+        meta = c["weight"] if key == "weight" else c["state"].get(key)
+        if meta is None:
+            raise CheckpointError(f"{path}: a cell of `{name}` lists no `{key}` state tensor")
+        if meta["shape"] != shape or meta["dtype"] not in _TORCH_DTYPES:
+            raise CheckpointError(
+                f"{path}: the `{key}` tensor of a cell of `{name}` is {meta['dtype']} "
+                f"{meta['shape']}, expected {shape} of a known dtype"
+            )
 
 
 def _verify_files(directory: Path, manifest: dict[str, Any], names: list[str]) -> None:

@@ -586,3 +586,42 @@ def test_empty_row_shard_of_a_range_partition_round_trips(tmp_path):
         for rank in range(plan.world_size):
             got = load_checkpoint(tmp_path, plan, rank)[1]
             assert_same_cells(got, expected_cells(plan, tables, rank))
+
+
+def _shape_of_first_cell(m, shape):
+    m["cells"][0]["weight"]["shape"] = shape
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda m: m.update(cells=5), r"damaged manifest: field `cells`: Input should be"),
+        (lambda m: m.update(cells=["x"]), r"field `cells\.0`"),
+        (lambda m: m["cells"][0].pop("table"), r"field `cells\.0\.table`: Field required"),
+        (lambda m: m["cells"][0].update(columns="ab"), r"field `cells\.0\.columns`"),
+        (lambda m: m["cells"][0].update(rank=True), r"field `cells\.0\.rank`"),
+        (lambda m: m.update(step="one"), r"field `step`: Input should be a valid integer"),
+        (lambda m: m.update(files=None), r"field `files`"),
+        (lambda m: m.update(row_partition="hash"), r"field `row_partition`"),
+        (lambda m: m["tables"]["t0"].update(dim="8"), r"field `tables\.t0\.dim`"),
+        (lambda m: m["tables"]["t0"].update(optimizer="lion"), r"`t0` has optimizer `lion`"),
+        (lambda m: m["cells"][0].update(columns=[4, 2]), r"lies outside the table's 8 columns"),
+        (lambda m: m["cells"][0].update(row_shard=5), r"row shard 5 of 2"),
+        (lambda m: _shape_of_first_cell(m, [51, 4]), r"`weight` tensor .* \[51, 4\], expected"),
+        (lambda m: m["cells"][0]["state"].pop("sum"), r"lists no `sum` state tensor"),
+    ],
+)
+def test_a_damaged_manifest_is_named_by_its_field_and_passed_over(tmp_path, mutate, message):
+    """A manifest that is valid JSON but not of the manifest's shape (hand-edited, or
+    damaged on disk) is a CheckpointError naming the field, not a crash in the loader;
+    a resume from the root passes over it to the newest complete checkpoint."""
+    first = save_all(tmp_path, 1, PLAN_A, global_tables())
+    second = save_all(tmp_path, 2, PLAN_A, global_tables(1))
+    manifest = second / "manifest.json"
+    m = json.loads(manifest.read_text())
+    assert m["cells"][0]["table"] == "t0" and m["cells"][0]["columns"] == [0, 4]
+    mutate(m)
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(second, PLAN_A, 0)
+    assert latest_checkpoint(tmp_path) == first
