@@ -73,16 +73,36 @@ class KernelIndex:
     """The manifest's instantiations, looked up by what a call needs (no CUDA involved)."""
 
     def __init__(self, manifest: Mapping[str, Any], where: str = MANIFEST):
-        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != 1:
+        if (
+            not isinstance(manifest, Mapping)
+            or manifest.get("format") != MANIFEST_FORMAT
+            or manifest.get("version") != 1
+        ):
             raise CudaUnavailable(
                 f"{where}: not an embark-kernels version 1 manifest; recompile the spec "
                 "with this embarkc"
             )
         self.arch: str = str(manifest.get("arch", ""))
-        self.kernels: list[KernelInfo] = [
-            KernelInfo(k["name"], k["family"], k["file"], tuple(k["entries"]), k["constants"])
-            for k in manifest.get("kernels", [])
-        ]
+        self.kernels: list[KernelInfo] = []
+        kernels = manifest.get("kernels", [])
+        for i, k in enumerate(kernels if isinstance(kernels, list) else [kernels]):
+            # a damaged or hand-edited manifest: said, not a crash at the first lookup
+            ok = (
+                isinstance(k, Mapping)
+                and all(isinstance(k.get(f), str) for f in ("name", "family", "file"))
+                and isinstance(k.get("entries"), list)
+                and all(isinstance(e, str) for e in k["entries"])
+                and isinstance(k.get("constants"), Mapping)
+            )
+            if not ok:
+                raise CudaUnavailable(
+                    f"{where}: damaged manifest: `kernels[{i}]` is not an instantiation "
+                    "(name, family, file, entries, constants); recompile the spec with "
+                    "embarkc compile"
+                )
+            self.kernels.append(
+                KernelInfo(k["name"], k["family"], k["file"], tuple(k["entries"]), k["constants"])
+            )
 
     def _match(self, family: str, **want: Any) -> list[KernelInfo]:
         return [

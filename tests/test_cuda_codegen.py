@@ -137,6 +137,27 @@ def test_runtime_index_finds_the_kernel_for_a_call():
 def test_runtime_rejects_a_foreign_manifest():
     with pytest.raises(CudaUnavailable, match="not an embark-kernels"):
         KernelIndex({"format": "something-else", "version": 1})
+    with pytest.raises(CudaUnavailable, match="not an embark-kernels"):
+        KernelIndex([1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda k: k.pop("name"),
+        lambda k: k.update(entries="fwd"),
+        lambda k: k.update(constants=[1]),
+        lambda k: k.update(file=3),
+    ],
+)
+def test_runtime_names_a_damaged_manifest(damage):
+    manifest = json.loads(cuda.render_kernels(tiny_plan())[cuda.MANIFEST_PATH])
+    damage(manifest["kernels"][1])
+    with pytest.raises(CudaUnavailable, match=r"damaged manifest: `kernels\[1\]`"):
+        KernelIndex(manifest)
+    manifest["kernels"] = 7
+    with pytest.raises(CudaUnavailable, match=r"`kernels\[0\]` is not an instantiation"):
+        KernelIndex(manifest)
 
 
 def test_without_cuda_the_torch_path_is_chosen_and_said(tmp_path):
