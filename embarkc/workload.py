@@ -72,6 +72,8 @@ def program_from_workload(
         except json.JSONDecodeError as e:
             raise EmbarkError.at(str(p), f"not valid JSON ({e})") from None
         src = str(p)
+    if not isinstance(data, dict):
+        raise EmbarkError.at(src, "malformed workload: a workload is a JSON object")
     try:
         acc = data.get("access", {"kind": "uniform"})
         access = Access(**acc)
@@ -110,7 +112,7 @@ def program_from_workload(
             interaction=Interaction(**inter) if inter else Interaction(),
             top_mlp=tuple(data.get("top_mlp", (1,))),
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise EmbarkError.at(src, f"malformed workload: {e}") from None
     return Program(
         name=str(data.get("name", "workload")),

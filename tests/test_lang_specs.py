@@ -101,3 +101,23 @@ def test_presets_are_overridable(preset: str) -> None:
     p = load_program_text(text)
     assert p.topology.nodes == 3 and p.topology.hbm_bytes == 40 * 2**30
     assert p.topology.hbm_bandwidth == PRESETS[preset]["hbm_bandwidth"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[1, 2]", "malformed workload: a workload is a JSON object"),
+        ("{", "not valid JSON"),
+        ('{"groups": [{"tables": "x"}], "batch_size": 8}', "malformed workload"),
+        ('{"groups": 3, "batch_size": 8}', "malformed workload"),
+        ('{"groups": [], "access": 1, "batch_size": 8}', "malformed workload"),
+    ],
+)
+def test_a_malformed_workload_file_is_a_user_error(tmp_path, text: str, needle: str) -> None:
+    from embarkc.diagnostics import EmbarkError
+    from embarkc.workload import program_from_workload
+
+    path = tmp_path / "w.json"
+    path.write_text(text)
+    with pytest.raises(EmbarkError, match=needle):
+        program_from_workload(path, 1)
