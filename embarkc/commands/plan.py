@@ -34,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=float,
         metavar="S",
-        help="time limit of the whole planning, seconds: the greedy, then CP-SAT with what "
-        "is left (default: the spec's, 30 s)",
+        help="time limit of the whole command, seconds: the greedy, then CP-SAT with what "
+        "is left; the baselines' step times where they fit (default: the spec's, 30 s)",
     )
     p.add_argument("--seed", type=int, metavar="N", help="solver seed")
     p.add_argument("--explain", metavar="TABLE", help="show every alternative for TABLE")
