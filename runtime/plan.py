@@ -310,20 +310,43 @@ class Plan(_M):
     def world_size(self) -> int:
         return self.topology.world_size
 
+    def _index(self, field: str) -> dict[str, Any]:
+        """A lookup by table name over `field` (tables, clusters or shards), built once per
+        list: kept beside the fields, keyed by the list it was built from, so a copy with
+        another list (`model_copy(update=...)`) builds its own. Lookups by scanning cost
+        O(tables x cells) on a plan of 5,000 tables."""
+        items = getattr(self, field)
+        cache = self.__dict__.setdefault("_lookup", {})
+        hit = cache.get(field)
+        if hit is None or hit[0] is not items:
+            index: dict[str, Any] = {}
+            if field == "tables":
+                for t in items:
+                    index.setdefault(t.name, t)
+            elif field == "clusters":
+                for c in items:
+                    for name in c.tables:
+                        index.setdefault(name, c)
+            else:
+                for sh in items:
+                    index.setdefault(sh.table, []).append(sh)
+            hit = cache[field] = (items, index)
+        return hit[1]
+
     def table(self, name: str) -> PlanTable:
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        got = self._index("tables").get(name)
+        if got is None:
+            raise KeyError(name)
+        return got
 
     def cluster_of(self, table: str) -> Cluster:
-        for c in self.clusters:
-            if table in c.tables:
-                return c
-        raise KeyError(table)
+        got = self._index("clusters").get(table)
+        if got is None:
+            raise KeyError(table)
+        return got
 
     def shards_of(self, table: str) -> list[Shard]:
-        return [s for s in self.shards if s.table == table]
+        return list(self._index("shards").get(table, ()))
 
     def row_count(self, table: str, row_shard: int, row_shards: int) -> int:
         """Rows of `table` held by row shard `row_shard` of `row_shards`."""

@@ -211,3 +211,24 @@ def test_row_shard_and_local_row_invert(partition):
     assert len(pairs) == rows
     for j in range(r):
         assert sorted(local[shard == j].tolist()) == list(range(int((shard == j).sum())))
+
+
+def test_lookups_by_table_follow_the_plans_own_lists():
+    """`table`, `cluster_of` and `shards_of` are indexed once per list; a copy of the plan
+    with other shards or clusters looks up its own, and the index is no field."""
+    plan = parse_plan(json.dumps(_plan()))
+    assert [s.rank for s in plan.shards_of("a")] == [0, 1, 3]
+    assert plan.cluster_of("b").name == "dp0" and plan.table("b").rows == 10
+    fewer = plan.model_copy(update={"shards": plan.shards[:1]})
+    assert [s.rank for s in fewer.shards_of("a")] == [0]
+    assert [s.rank for s in plan.shards_of("a")] == [0, 1, 3]
+    moved = plan.model_copy(
+        update={"clusters": [plan.clusters[0].model_copy(update={"tables": ["a", "b"]})]}
+    )
+    assert moved.cluster_of("b").name == "rb0" and plan.cluster_of("b").name == "dp0"
+    assert plan.shards_of("b") == [] and plan.shards_of("zz") == []
+    for lookup in (plan.table, plan.cluster_of):
+        with pytest.raises(KeyError):
+            lookup("zz")
+    assert dumps_plan(plan) == dumps_plan(parse_plan(dumps_plan(plan)))
+    assert plan == parse_plan(dumps_plan(plan))
