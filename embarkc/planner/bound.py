@@ -103,7 +103,7 @@ def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float]:
 
         def total(link: str) -> float:
             sent, recv = lk[link]
-            return max(0.0, min(float(np.sum(sent)), float(np.sum(recv))))
+            return max(0.0, min(float(sent.sum()), float(recv.sum())))
 
         # forward and backward move the same bytes over each link
         work += 2.0 * (total("res_intra") / cm.bw_intra + total("res_inter") / cm.bw_inter)
@@ -149,22 +149,32 @@ def lower_bound(cm: CostModel) -> LowerBound:
 def _lower_bound(cm: CostModel, units: _UnitOptions) -> LowerBound:
     rows = [opts for _, per_table in units for opts in per_table]
     W = cm.W
+    # per table and category, its least work and least keys (inf: not allowed); a kind
+    # set's table takes the least of each over the set's categories
+    col = {c: i for i, c in enumerate(CATEGORIES)}
+    least_work = np.full((len(rows), len(CATEGORIES)), np.inf)
+    least_keys = np.full((len(rows), len(CATEGORIES)), np.inf)
+    for i, opts in enumerate(rows):
+        for cat, w, k in opts:
+            j = col[cat]
+            least_work[i, j] = min(least_work[i, j], w)
+            least_keys[i, j] = min(least_keys[i, j], k)
     best: LowerBound | None = None
     for size in range(1, len(CATEGORIES) + 1):
         for kinds in combinations(CATEGORIES, size):
-            work = keys = 0.0
-            for opts in rows:
-                allowed = [(w, k) for cat, w, k in opts if cat in kinds]
-                if not allowed:
-                    break
-                work += min(w for w, _ in allowed)
-                keys += min(k for _, k in allowed)
-            else:
-                beyond = float(cm.keys_beyond_window(np.array([keys / W]))[0])
-                fixed = _fixed(cm, kinds)
-                t = work / W + beyond + fixed
-                if best is None or t < best.step_time:
-                    best = LowerBound(t, kinds, work / W, beyond, fixed)
+            cols = [col[c] for c in kinds]
+            works = least_work[:, cols].min(axis=1)
+            if not np.isfinite(works).all():
+                continue  # a table with no option in the set
+            # summed in table order, as floats add (the bound is the same to the bit
+            # whatever the vector sum's order would give)
+            work = sum(works.tolist(), 0.0)
+            keys = sum(least_keys[:, cols].min(axis=1).tolist(), 0.0)
+            beyond = float(cm.keys_beyond_window(np.array([keys / W]))[0])
+            fixed = _fixed(cm, kinds)
+            t = work / W + beyond + fixed
+            if best is None or t < best.step_time:
+                best = LowerBound(t, kinds, work / W, beyond, fixed)
     assert best is not None, "every table has an allowed option"
     return best
 
