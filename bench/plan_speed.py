@@ -1,4 +1,5 @@
-"""Planner speed and quality: `python bench/plan_speed.py [--scale] [--quality] [--cpsat S]`.
+"""Planner speed and quality:
+`python bench/plan_speed.py [--scale] [--quality] [--cpsat S] [--command]`.
 
 * speed: greedy for T510 on 16 x 8 GPUs; with --scale also 5,000 generated tables on
   128 x 8 GPUs (wall time and peak RSS of this process);
@@ -8,23 +9,35 @@
   command (greedy + refinement; the machine may be shared, so CPU time is the figure),
   and the planner's lower bound on any plan (`planner.lower_bound`) with the largest
   speed-up over the best fixed strategy that it leaves possible, and the CP-SAT plan's
-  critical path (`estimate.critical_path`: every phase at its slowest rank).
+  critical path (`estimate.critical_path`: every phase at its slowest rank);
+* command (--command): the whole `embarkc plan` command as a user runs it, a process of its
+  own from Python's start to its exit, on the paper specs at 16 x 8 GPUs with
+  `--time-limit` 2, 5, 10 and 30, and on 5,000 generated tables on 128 x 8 GPUs
+  (`embarkc.workload.generated_spec`) at the default 30 s: the plan's step time, the
+  planner's own wall time as printed, and the process's wall and CPU seconds and peak RSS
+  (against the limit: the whole command must end within it).
 Prints markdown tables (what bench/results_planner.md records).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 from embarkc.planner import plan_program
 from embarkc.planner.cost import CostModel
 from embarkc.planner.greedy import greedy
-from embarkc.workload import generated_program, program_from_workload
+from embarkc.workload import generated_program, generated_spec, program_from_workload
 
-WORKLOADS = Path(__file__).resolve().parent.parent.parent / "shared" / "workloads"
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = ROOT.parent / "shared" / "workloads"
 NAMES = ("dcnv2", "t180", "t200", "t510")
 
 
@@ -89,12 +102,63 @@ def _ratio(baseline: float, best: float) -> str:
     return "n/a" if baseline != baseline else f"{baseline / best:.2f}x"
 
 
+def _plan_command(spec: Path, limit: float | None, out: Path) -> str:
+    """One `embarkc plan` process: a markdown cell of what it planned and took."""
+    cmd = [sys.executable, "-m", "embarkc.cli", "plan", str(spec), "-o", str(out)]
+    if limit is not None:
+        cmd += ["--time-limit", f"{limit:g}"]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    text = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{text}")
+    step = re.search(r"step time ([0-9.]+) ms", text)
+    planner = re.search(r"wall time ([0-9.]+) s", text)
+    notes = [
+        n for n, said in (("cut", "cut short"), ("no baselines", "not costed")) if said in text
+    ]
+    return (
+        f"{step.group(1) if step else '?'} ms{' (' + ', '.join(notes) + ')' if notes else ''}, "
+        f"{planner.group(1) if planner else '?'} s; {wall:.2f} / "
+        f"{usage.ru_utime + usage.ru_stime:.2f} s, {usage.ru_maxrss / 1024:.0f} MiB"
+    )
+
+
+def command() -> None:
+    limits = (2.0, 5.0, 10.0, 30.0)
+    print(
+        "Each cell: step time, the planner's wall time as printed; the process's wall / CPU "
+        "seconds and peak RSS.\n"
+    )
+    print("| spec | " + " | ".join(f"--time-limit {L:g}" for L in limits) + " |")
+    print("| --- " * (len(limits) + 1) + "|")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "plan.json"
+        for name in NAMES:
+            spec = ROOT / "specs" / "paper" / f"{name}.embark"
+            cells = [_plan_command(spec, L, out) for L in limits]
+            print(f"| {name} (16 x 8) | " + " | ".join(cells) + " |", flush=True)
+        gen = Path(tmp) / "generated5000.embark"
+        gen.write_text(generated_spec(5000, 128, 8))
+        cell = _plan_command(gen, None, out)
+        blanks = " | ".join("" for _ in limits[:-1])
+        print(f"| 5,000 generated tables (128 x 8), default limit | {blanks} | {cell} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", action="store_true", help="also the 5,000-table case")
     ap.add_argument("--quality", action="store_true", help="plan quality tables")
     ap.add_argument("--cpsat", type=float, default=2.0, help="CP-SAT time limit (s)")
+    ap.add_argument(
+        "--command", action="store_true", help="the whole plan command at several limits"
+    )
     a = ap.parse_args()
+    if a.command:
+        command()
+        return
     speed(a.scale)
     if a.quality:
         quality(a.cpsat)

@@ -121,3 +121,29 @@ def test_a_malformed_workload_file_is_a_user_error(tmp_path, text: str, needle: 
     path.write_text(text)
     with pytest.raises(EmbarkError, match=needle):
         program_from_workload(path, 1)
+
+
+def _without_spans(x):
+    if hasattr(x, "model_dump"):
+        x = x.model_dump()
+    if isinstance(x, dict):
+        return {k: _without_spans(v) for k, v in x.items() if k != "span"}
+    if isinstance(x, list | tuple):
+        return [_without_spans(v) for v in x]
+    return x
+
+
+def test_the_generated_spec_is_the_generated_program(tmp_path) -> None:
+    """bench/plan_speed.py --command plans `generated_spec` with the plan command: it must
+    be the program the greedy's scale benchmark plans (`generated_program`)."""
+    from embarkc.workload import generated_program, generated_spec
+
+    path = tmp_path / "g.embark"
+    path.write_text(generated_spec(60, 2, 4, seed=3))
+    a, b = load_program(path), generated_program(60, 2, 4, seed=3)
+    for part in ("tables", "topology", "model"):
+        assert _without_spans(getattr(a, part)) == _without_spans(getattr(b, part))
+    assert [{**_without_spans(f), "name": None} for f in a.features] == [
+        {**_without_spans(f), "name": None} for f in b.features
+    ]
+    assert len({t.rows for t in a.tables}) > 50  # drawn, not one table repeated
