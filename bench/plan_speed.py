@@ -141,7 +141,7 @@ def command() -> None:
             cells = [_plan_command(spec, L, out) for L in limits]
             print(f"| {name} (16 x 8) | " + " | ".join(cells) + " |", flush=True)
         gen = Path(tmp) / "generated5000.embark"
-        gen.write_text(generated_spec(5000, 128, 8))
+        gen.write_text(generated_spec(generated_program(5000, 128, 8)))
         cell = _plan_command(gen, None, out)
         blanks = " | ".join("" for _ in limits[:-1])
         print(f"| 5,000 generated tables (128 x 8), default limit | {blanks} | {cell} |")

@@ -125,19 +125,6 @@ def program_from_workload(
     )
 
 
-def _generated_tables(tables: int, seed: int) -> list[tuple[int, int, int, str, float]]:
-    """(rows, dim, hotness, optimizer, zipf alpha) of each generated table."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(tables):
-        rows = int(10 ** rng.uniform(3, 7.3))
-        dim = rng.choice((16, 32, 64, 128))
-        h = max(1, int(round(10 ** rng.uniform(0, 2))))
-        opt = rng.choice(("sgd", "adagrad"))
-        out.append((rows, dim, h, opt, round(rng.uniform(1.05, 1.2), 3)))
-    return out
-
-
 def generated_program(
     tables: int = 5000,
     nodes: int = 128,
@@ -150,19 +137,30 @@ def generated_program(
 
     Rows are log-uniform in [1e3, 2e7], dims in {16, 32, 64, 128}, hotness log-uniform in
     [1, 100], zipf(1.05..1.2) permuted access, sgd or adagrad; global batch 65536.
-    `generated_spec` writes the same program as spec text (for the plan command).
+    `generated_spec` writes it as spec text (for the plan command).
     """
+    rng = random.Random(seed)
     ts: list[Table] = []
     fs: list[Feature] = []
-    for i, (rows, dim, h, opt, alpha) in enumerate(_generated_tables(tables, seed)):
-        ts.append(Table(name=f"t{i}", rows=rows, dim=dim, optimizer=Optimizer(kind=opt)))
+    for i in range(tables):
+        rows = int(10 ** rng.uniform(3, 7.3))
+        dim = rng.choice((16, 32, 64, 128))
+        h = max(1, int(round(10 ** rng.uniform(0, 2))))
+        ts.append(
+            Table(
+                name=f"t{i}",
+                rows=rows,
+                dim=dim,
+                optimizer=Optimizer(kind=rng.choice(("sgd", "adagrad"))),
+            )
+        )
         fs.append(
             Feature(
                 name=f"f{i}",
                 table=f"t{i}",
                 hotness=h,
                 max_hotness=h,
-                access=Access(kind="zipf", alpha=alpha, permuted=True),
+                access=Access(kind="zipf", alpha=round(rng.uniform(1.05, 1.2), 3), permuted=True),
             )
         )
     text = f"generated tables={tables} nodes={nodes} gpus_per_node={gpus_per_node} seed={seed}"
@@ -177,24 +175,20 @@ def generated_program(
     )
 
 
-def generated_spec(
-    tables: int = 5000,
-    nodes: int = 128,
-    gpus_per_node: int = 8,
-    seed: int = 0,
-    preset: str = "dgx_h100",
-) -> str:
-    """The spec text of `generated_program(tables, nodes, gpus_per_node, seed, preset)`:
-    the same tables, features (named after their tables), hardware and dense model."""
+def generated_spec(program: Program) -> str:
+    """A program of `generated_program` as spec text: the same tables, features (named
+    after their tables), hardware and dense model."""
+    topo, m = program.topology, program.model
     lines = [
-        f"# generated_program({tables}, {nodes}, {gpus_per_node}, seed={seed}): "
-        "a scale benchmark of embarkc.workload",
-        f"hardware {{ preset {preset} nodes {nodes} gpus_per_node {gpus_per_node} }}",
-        "model { batch 65536 dense_features 13 bottom_mlp [512, 256, 128] }",
+        f"# {program.name}: a scale benchmark (embarkc.workload.generated_program)",
+        f"hardware {{ preset {topo.preset} nodes {topo.nodes} "
+        f"gpus_per_node {topo.gpus_per_node} }}",
+        f"model {{ batch {m.batch_size} dense_features {m.dense_features} "
+        f"bottom_mlp [{', '.join(map(str, m.bottom_mlp))}] }}",
     ]
-    for i, (rows, dim, h, opt, alpha) in enumerate(_generated_tables(tables, seed)):
+    for t, f in zip(program.tables, program.features, strict=True):
         lines.append(
-            f"table t{i} {{ rows {rows} dim {dim} hotness {h} optimizer {opt} "
-            f"access zipf({alpha}) }}"
+            f"table {t.name} {{ rows {t.rows} dim {t.dim} hotness {f.max_hotness} "
+            f"optimizer {t.optimizer.kind} access zipf({f.access.alpha}) }}"
         )
     return "\n".join(lines) + "\n"
