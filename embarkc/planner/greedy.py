@@ -1172,9 +1172,10 @@ def _greedy(
         if hier is not None and hier not in starts:
             starts.append(hier)
     runs = [(d, True) for d in starts]
-    if len(units) <= FOUR_START_UNITS:
-        runs += [(d, False) for d in starts]
-    elif len(units) > MULTI_START_UNITS:
+    # small programs also descend every start again with the rough reference (a second
+    # look at the same starts): last, so that a short limit reaches the other starts first
+    second_looks = [(d, False) for d in starts] if len(units) <= FOUR_START_UNITS else []
+    if len(units) > MULTI_START_UNITS:
         runs = runs[:1]
     if cm.key_window > 0:
         # keys hide under the dense compute: column cuts cost the owners nothing more
@@ -1211,6 +1212,7 @@ def _greedy(
         for d in more:
             if d is not None and d not in starts and (d, True) not in runs:
                 runs.append((d, True))
+    runs += second_looks
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
     stopped = False
