@@ -359,15 +359,14 @@ class Plan(_M):
     def memory_by_rank(self) -> list[int]:
         """Weights plus optimizer state placed on every rank (dp tables replicated)."""
         mem = [0] * self.world_size
-        by_name = {t.name: t for t in self.tables}
         for c in self.clusters:
             if c.kind == "dp":
                 for name in c.tables:
-                    t = by_name[name]
+                    t = self.table(name)
                     b = t.bytes_for(t.rows, t.dim)
                     mem = [m + b for m in mem]
         for s in self.shards:
-            t = by_name[s.table]
+            t = self.table(s.table)
             mem[s.rank] += t.bytes_for(self.row_count(s.table, s.row_shard, s.row_shards), s.width)
         return mem
 
