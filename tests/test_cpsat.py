@@ -134,6 +134,27 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     assert one.step_time > first.step_time > a.step_time
 
 
+def test_the_second_looks_at_the_starts_come_last(monkeypatch):
+    """Small programs descend every start twice, the second time with the rough reference
+    (cells placed by owner load alone); a limit that cuts the search must reach the other
+    starts (the lower bound's, the column starts) first, so the second looks run last."""
+    from embarkc.planner import greedy as gr
+
+    order: list[bool] = []
+    descend = gr._descend
+
+    def recording(search, limit):
+        order.append(search.exact_ref)
+        return descend(search, limit)
+
+    monkeypatch.setattr(gr, "_descend", recording)
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
+    greedy(CostModel(prog))
+    firsts = order.count(True)
+    assert firsts > 4 and order.count(False) >= 2  # column and bound starts, second looks
+    assert order == [True] * firsts + [False] * (len(order) - firsts)
+
+
 def test_a_short_limit_holds_for_t510_and_leaves_out_the_baselines_that_do_not_fit():
     """T510 on 16 x 8 GPUs at a 2 s limit: the baselines would take 1.4 s of it (2.8 ms a
     table), more than BASELINE_SHARE of what the rest of the command leaves, so they are
