@@ -49,6 +49,29 @@ def test_best_node_is_the_one_left_with_the_lowest_maximum():
     assert best_node(cm, ref, np.full(cm.W, 10.0), 5.0, np.array([1.0]), np.array([1.0])) is None
 
 
+def test_best_node_places_at_most_g_cells_at_once_as_one_by_one():
+    """Its shortcut (at most G cells, room everywhere) picks the node that placing the
+    cells one at a time picks, ties included."""
+    cm = _model("dcnv2", 4)
+    rng = np.random.default_rng(7)
+    for case in range(400):
+        # few distinct loads, so that ranks, nodes and sums tie often
+        ref = rng.integers(0, 4, cm.W).astype(np.float64) * (0.5 if case % 2 else 1.0)
+        mem = rng.integers(0, 3, cm.W).astype(np.float64)
+        n = int(rng.integers(1, cm.G + 1))
+        load_c = np.sort(rng.integers(0, 5, n).astype(np.float64))[::-1].copy()
+        mem_c = rng.integers(0, 3, n).astype(np.float64)
+        fast = best_node(cm, ref, mem, 10.0, load_c, mem_c)
+        slow = greedy_mod._best_node_placed(
+            ref.reshape(cm.nodes, cm.G).copy(),
+            mem.reshape(cm.nodes, cm.G).copy(),
+            10.0,
+            load_c,
+            mem_c,
+        )
+        assert fast == slow, (case, ref, load_c)
+
+
 @pytest.mark.parametrize("window", [False, True])
 def test_a_hierarchical_owner_sends_over_nvlink_and_one_share_of_the_network(window):
     cm = _model("dcnv2", 16, window)

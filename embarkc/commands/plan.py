@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +175,10 @@ def _print(plan: Any, wall: float, output: str | None, limit: float) -> None:
             f"mean {_gib(sum(mems) / len(mems))}"
         )
     print("clusters:")
+    cluster_of = {t: c.name for c in plan.clusters for t in c.tables}
+    cells_of = Counter(cluster_of.get(s.table) for s in plan.shards)
     for c in plan.clusters:
-        cells = sum(1 for s in plan.shards if s.table in set(c.tables))
+        cells = cells_of[c.name]
         how = c.communication or c.gradient_exchange or ""
         print(f"  {c.name:6s} {c.kind} {how:12s} {len(c.tables):5d} tables {cells:6d} cells")
     # the plan file records CP-SAT's deterministic work, not the wall time (docs/plan.md)

@@ -149,7 +149,8 @@ def access_stats(
         sh = np.zeros(k, dtype=np.int64)
     else:
         key = _head_keys(rows, table_index, k) if permuted else ranks
-        sh = keymod.row_shard_of(key, rows, r, partition)
+        # as intp once: bincount would convert int32 shards on each of its calls
+        sh = keymod.row_shard_of(key, rows, r, partition).astype(np.intp, copy=False)
         q = np.bincount(sh, p, minlength=r)
         d = np.stack([np.bincount(sh, head_d[i], minlength=r) for i in range(len(ns))])
     if rows > k:
@@ -183,20 +184,31 @@ def _head_keys(rows: int, table_index: int, k: int) -> np.ndarray:
     return keys
 
 
+@lru_cache(maxsize=64)
+def _zipf_weights(alpha: float, k: int) -> np.ndarray:
+    """(rank + 1)^-alpha for the first k ranks: shared by every table of the same skew and
+    head size (the power is most of a head's cost)."""
+    w = (np.arange(k, dtype=np.float64) + 1.0) ** (-alpha)
+    w.flags.writeable = False
+    return w
+
+
 @lru_cache(maxsize=1024)
 def _zipf_head(
     rows: int, alpha: float, ns: tuple[float, ...], k: int
 ) -> tuple[np.ndarray, np.ndarray, float, float, np.ndarray]:
     """Head probabilities p (the first k ranks), their distinct-id terms for every n,
     the normaliser z, the tail's unnormalised mass and its integrated distinct ids."""
-    w = (np.arange(k, dtype=np.float64) + 1.0) ** (-alpha)
+    w = _zipf_weights(alpha, k)
     tail_lo, tail_hi = k + 0.5, rows + 0.5
     tail_w = (
         float(_zipf_tail_mass(np.array(tail_lo), np.array(tail_hi), alpha)) if rows > k else 0.0
     )
     z = float(w.sum()) + tail_w
     p = w / z
-    head_d = np.stack([_distinct(p, n) for n in ns])
+    # `_distinct` for every n, its logarithm taken once
+    log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
+    head_d = np.stack([-np.expm1(n * log_miss) for n in ns])
     if rows > k:
         tail_d = _zipf_tail_distinct(np.array([tail_lo]), np.array([tail_hi]), alpha, z, ns)[:, 0]
     else:

@@ -218,9 +218,26 @@ def best_node(
     N, G = cm.nodes, cm.G
     t = ref.reshape(N, G).copy()
     m = mem.reshape(N, G).copy()
+    n = len(load_c)
+    if 0 < n <= G and float(m.max()) + float(mem_c.max()) <= free and np.isfinite(t).all():
+        # every rank has room for any one cell and each gets at most one: the cells go,
+        # heaviest first, to the ranks in order of load (ties by index), where the loop
+        # would place them one by one (planning time: most units have at most G cells)
+        order = np.argsort(t, axis=1, kind="stable")[:, :n]
+        t[np.arange(N)[:, None], order] += load_c[None, :]
+        return int(np.lexsort((t.sum(axis=1), t.max(axis=1)))[0])
+    return _best_node_placed(t, m, free, load_c, mem_c)
+
+
+def _best_node_placed(
+    t: np.ndarray, m: np.ndarray, free: float, load_c: np.ndarray, mem_c: np.ndarray
+) -> int | None:
+    """`best_node` on loads `t` and memory `m` of shape (nodes, G), changed in place: the
+    cells placed one at a time (a rank no cell of the unit holds first)."""
+    N, G = t.shape
+    rows = np.arange(N)
     used = np.zeros((N, G), dtype=bool)
     ok = np.ones(N, dtype=bool)
-    rows = np.arange(N)
     for lc, mc in zip(load_c, mem_c, strict=True):
         room = m + mc <= free
         fresh = room & ~used
