@@ -201,6 +201,55 @@ def test_the_baselines_time_is_reserved_whether_or_not_the_caller_records_them()
     assert a.shards == b.shards and a.clusters == b.clusters
 
 
+def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strategy():
+    """DCNv2 on 16 x 8 GPUs. At 0.7 s the limit cuts the greedy in its first start
+    (1.166 ms), slower than column-wise (1.102 ms), whose time was reserved: the plan is
+    column-wise, says so, passes the checker, and is the same whether or not the caller
+    records the baselines. At 0.5 s the baselines do not fit and the cut plan stays."""
+    from embarkc.planner.check import validate_plan
+
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
+    plan = plan_program(prog, solver="cp-sat", time_limit=0.7)
+    extra = plan.planner.model_extra or {}
+    assert extra["fixed_strategy"] == "column-wise"
+    assert plan.estimate.step_time == pytest.approx(extra["baselines"]["column-wise"], rel=1e-9)
+    assert extra["greedy_step_time"] > plan.estimate.step_time
+    assert "cut the search in its first start" in plan.planner.message
+    assert "the fixed strategy column-wise is faster" in plan.planner.message
+    assert validate_plan(prog, plan) == []
+    quiet = plan_program(prog, solver="cp-sat", time_limit=0.7, baselines=False)
+    assert quiet.shards == plan.shards and quiet.clusters == plan.clusters
+    short = plan_program(prog, solver="cp-sat", time_limit=0.5)
+    assert "fixed_strategy" not in (short.planner.model_extra or {})
+    assert "cut the search in its first start" in short.planner.message
+    assert "try a limit of 2 s or more" in short.planner.message
+    # with the whole limit the search beats every fixed strategy by itself
+    full = plan_program(prog, solver="cp-sat", time_limit=2.0)
+    assert "fixed_strategy" not in (full.planner.model_extra or {})
+    assert "first start" not in full.planner.message
+
+
+def test_the_fixed_strategy_kept_for_a_cut_search_respects_the_specs_constraints(tmp_path):
+    """With every table `no_column_split`, column-wise breaks the spec and is not taken;
+    table-row-wise, the next, is slower than the cut search's plan, which stays."""
+    from embarkc.frontend import load_program
+    from embarkc.planner.check import validate_plan
+    from tests.conftest import ROOT
+
+    spec = tmp_path / "pinned.embark"
+    spec.write_text(
+        f'include "{ROOT / "specs" / "paper" / "dcnv2.embark"}"\n'
+        "plan {\n  table t[0..25] { no_column_split }\n}\n"
+    )
+    prog = load_program(spec)
+    plan = plan_program(prog, solver="cp-sat", time_limit=0.7)
+    extra = plan.planner.model_extra or {}
+    assert "fixed_strategy" not in extra
+    assert extra["baselines"]["column-wise"] < plan.estimate.step_time
+    assert plan.estimate.step_time < extra["baselines"]["table-row-wise"]
+    assert validate_plan(prog, plan) == []
+
+
 def test_plan_records_solver_fields_and_is_byte_identical_for_a_seed():
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
     a = plan_program(prog, solver="cp-sat", time_limit=3.0, baselines=False)

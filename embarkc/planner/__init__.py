@@ -23,6 +23,7 @@ from embarkc.ir import Program
 from embarkc.planner.types import Layout
 
 if TYPE_CHECKING:
+    from embarkc.planner.cost import CostModel
     from embarkc.planner.greedy import GreedyResult
 
 __all__ = [
@@ -352,6 +353,27 @@ def no_refine_message(g: GreedyResult, time_limit: float, budget: float) -> str:
     return msg + f"; a limit of {math.ceil(time_limit - budget + 1.0)} s or more refines the plan"
 
 
+def _faster_fixed(
+    program: Program, cm: CostModel, layout: Layout, fixed: dict[str, float]
+) -> tuple[str, Layout] | None:
+    """The fastest of the fixed strategies (`fixed`: their step times) that is faster than
+    `layout` and passes the checker with the spec's constraints, with its layout; None when
+    none is."""
+    from embarkc.planner import baselines as bl
+    from embarkc.planner.check import validate_plan
+
+    current = cm.step_time(layout)
+    for name, t in sorted(fixed.items(), key=lambda kv: (kv[1], kv[0])):
+        if not t < current * (1 - 1e-9):
+            return None
+        candidate = bl.build_layout(cm, name)
+        info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
+        plan = build_plan(program, candidate, info, cm.evaluate_layout(candidate))
+        if not validate_plan(program, plan):
+            return name, candidate
+    return None
+
+
 def plan_program(
     program: Program,
     *,
@@ -436,8 +458,30 @@ def plan_program(
                 )
             else:
                 info.update(solver="cp-sat", message=no_refine_message(g, time_limit, budget))
-        if baselines and baselines_fit(time_limit, len(program.tables)):
-            info["baselines"] = bl.baseline_times(cm)
+        if g.first_cut:
+            # the limit cut the first start's descent: say so, and what limit searches
+            rest = REST_SECONDS + reserve
+            info["message"] = (
+                f"the {time_limit:g} s time limit cut the search in its first start (the rest "
+                f"of the command takes about {rest:.2g} s for {len(program.tables)} tables): "
+                f"the plan is barely searched; try a limit of {math.ceil(rest + 1.0)} s or more"
+            )
+        fixed: dict[str, float] | None = None
+        if baselines_fit(time_limit, len(program.tables)) and (baselines or g.stopped):
+            fixed = bl.baseline_times(cm)
+            if baselines:
+                info["baselines"] = fixed
+        if g.stopped and fixed:
+            # a search cut short by its limit may end slower than a fixed strategy whose
+            # time was reserved: the plan is then the fastest fixed strategy the spec allows
+            found = _faster_fixed(program, cm, layout, fixed)
+            if found is not None:
+                name, layout = found
+                info["fixed_strategy"] = name
+                info["message"] = (
+                    f"{info['message']}; the fixed strategy {name} is faster than what the "
+                    f"search found within the {time_limit:g} s time limit, and is the plan"
+                )
         # the least step time any plan of the spec can have by the same cost model
         info["lower_bound"] = lower_bound(cm).step_time
     else:

@@ -1108,6 +1108,8 @@ class GreedyResult:
     """The budget ran out: later starts were not begun, or the work reached the budget,
     where the descents, the rebalance and the phase passes stop (rarely, a last pass that
     ends on its own just past the budget counts too)."""
+    first_cut: bool = False
+    """The budget ran out in the first start's descent: the plan is barely searched."""
 
 
 def work_seconds(cm: CostModel) -> float:
@@ -1232,7 +1234,7 @@ def _greedy(
     runs += second_looks
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
-    stopped = False
+    stopped = first_cut = False
     for i, (decisions, exact_ref) in enumerate(runs):
         if i > 0 and best is not None and work_seconds(cm) >= runs_until:
             stopped = True
@@ -1246,6 +1248,8 @@ def _greedy(
                 raise
             continue
         found = _descend(search, limit)
+        if best is None:
+            first_cut = out_of_work(cm)
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     assert best is not None
@@ -1262,7 +1266,7 @@ def _greedy(
         progress("greedy", 1.0, best[0])
     work = work_seconds(cm) - start_work
     stopped = stopped or out_of_work(cm)
-    return GreedyResult(best[1], best[0], best[2], units, work, phase_work, stopped)
+    return GreedyResult(best[1], best[0], best[2], units, work, phase_work, stopped, first_cut)
 
 
 def _rebalanced(
