@@ -134,6 +134,32 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     assert one.step_time > first.step_time > a.step_time
 
 
+def test_the_later_starts_descend_only_within_the_runs_share(monkeypatch):
+    """T180 on 16 x 8 GPUs with the budget of a 2 s limit: a later start begun just under
+    RUNS_SHARE of the budget used to descend to its end, and the rebalance and phase
+    passes then ran past it (0.83 of 0.80 s of work before the rebalance; 0.51 now).
+    Its descent now stops at RUNS_SHARE, which leaves the rest to those passes; the first
+    start is not cut, and the plan says neither."""
+    import embarkc.planner.greedy as greedy_mod
+    from embarkc.planner.greedy import RUNS_SHARE, work_seconds
+
+    prog = program_from_workload(SHARED / "workloads" / "t180.json", nodes=16)
+    seen: list[float] = []
+    rebalanced = greedy_mod._rebalanced
+
+    def spy(cm, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(work_seconds(cm))
+        return rebalanced(cm, *args, **kwargs)
+
+    monkeypatch.setattr(greedy_mod, "_rebalanced", spy)
+    budget = 0.8
+    g = greedy(CostModel(prog), budget=budget)
+    assert g.stopped and not g.first_cut
+    # (a descent checks between its moves: it ends a little past)
+    assert len(seen) == 1 and seen[0] <= RUNS_SHARE * budget + 0.05, seen
+    assert g.work <= budget + 0.05, g.work
+
+
 def test_the_second_looks_at_the_starts_come_last(monkeypatch):
     """Small programs descend every start twice, the second time with the rough reference
     (cells placed by owner load alone); a limit that cuts the search must reach the other
