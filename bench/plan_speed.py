@@ -117,7 +117,14 @@ def _plan_command(spec: Path, limit: float | None, out: Path) -> str:
     step = re.search(r"step time ([0-9.]+) ms", text)
     planner = re.search(r"wall time ([0-9.]+) s", text)
     notes = [
-        n for n, said in (("cut", "cut short"), ("no baselines", "not costed")) if said in text
+        n
+        for n, said in (
+            ("cut", "cut short"),
+            ("cut in its first start", "in its first start"),
+            ("a fixed strategy", "the fixed strategy"),
+            ("no baselines", "not costed"),
+        )
+        if said in text
     ]
     return (
         f"{step.group(1) if step else '?'} ms{' (' + ', '.join(notes) + ')' if notes else ''}, "
