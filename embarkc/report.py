@@ -223,6 +223,12 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
             "planner",
             f"{planner.strategy}, solver {planner.solver}, status {planner.status}, "
             f"{planner.wall_time:.1f} s"
+            + (
+                f"; the plan is the fixed strategy {fixed}, faster than the search its time "
+                "limit cut"
+                if (fixed := _extra(planner, "fixed_strategy"))
+                else ""
+            )
             + lower
             + (
                 f"; cp-sat bound {fmt_time(bound)}{gap} in its last model"

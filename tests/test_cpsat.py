@@ -227,7 +227,9 @@ def test_the_baselines_time_is_reserved_whether_or_not_the_caller_records_them()
     assert a.shards == b.shards and a.clusters == b.clusters
 
 
-def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strategy():
+def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strategy(
+    tmp_path, capsys
+):
     """DCNv2 on 16 x 8 GPUs. At 0.7 s the limit cuts the greedy in its first start
     (1.166 ms), slower than column-wise (1.102 ms), whose time was reserved: the plan is
     column-wise, says so, passes the checker, and is the same whether or not the caller
@@ -243,6 +245,17 @@ def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strate
     assert "cut the search in its first start" in plan.planner.message
     assert "the fixed strategy column-wise is faster" in plan.planner.message
     assert validate_plan(prog, plan) == []
+    # `embarkc check` of the file says which strategy the plan is
+    from embarkc.cli import main
+    from tests.conftest import ROOT
+
+    path = tmp_path / "plan.json"
+    spec = ROOT / "specs" / "paper" / "dcnv2.embark"
+    assert main(["plan", str(spec), "--time-limit", "0.7", "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    said = "the plan is the fixed strategy column-wise (faster than the search its time limit cut)"
+    assert said in capsys.readouterr().out
     quiet = plan_program(prog, solver="cp-sat", time_limit=0.7, baselines=False)
     assert quiet.shards == plan.shards and quiet.clusters == plan.clusters
     short = plan_program(prog, solver="cp-sat", time_limit=0.5)

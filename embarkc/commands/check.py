@@ -187,8 +187,20 @@ def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
             f"at most {format_bytes(mem[worst])} of weights and state on a GPU (rank "
             f"{worst}) of {format_bytes(topo.hbm_bytes)}",
         ),
-        ("planner", f"strategy {info.strategy}, solver {info.solver}, status {info.status}"),
+        (
+            "planner",
+            f"strategy {info.strategy}, solver {info.solver}, status {info.status}"
+            + _fixed_note(info),
+        ),
     ]
+
+
+def _fixed_note(info: Any) -> str:
+    """What a plan that kept a fixed strategy for a search its limit cut says of it."""
+    fixed = (info.model_extra or {}).get("fixed_strategy")
+    if not fixed:
+        return ""
+    return f"; the plan is the fixed strategy {fixed} (faster than the search its time limit cut)"
 
 
 def _print_summary(spec: str, program: Any) -> None:
