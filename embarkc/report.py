@@ -224,8 +224,7 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
             f"{planner.strategy}, solver {planner.solver}, status {planner.status}, "
             f"{planner.wall_time:.1f} s"
             + (
-                f"; the plan is the fixed strategy {fixed}, faster than the search its time "
-                "limit cut"
+                f"; the plan is the fixed strategy {fixed}, faster than what the search found"
                 if (fixed := _extra(planner, "fixed_strategy"))
                 else ""
             )

@@ -254,7 +254,7 @@ def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strate
     assert main(["plan", str(spec), "--time-limit", "0.7", "-o", str(path)]) == 0
     capsys.readouterr()
     assert main(["check", str(path)]) == 0
-    said = "the plan is the fixed strategy column-wise (faster than the search its time limit cut)"
+    said = "the plan is the fixed strategy column-wise (faster than what the search found)"
     assert said in capsys.readouterr().out
     quiet = plan_program(prog, solver="cp-sat", time_limit=0.7, baselines=False)
     assert quiet.shards == plan.shards and quiet.clusters == plan.clusters

@@ -196,11 +196,11 @@ def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
 
 
 def _fixed_note(info: Any) -> str:
-    """What a plan that kept a fixed strategy for a search its limit cut says of it."""
+    """What a plan that is a fixed strategy faster than the search's result says of it."""
     fixed = (info.model_extra or {}).get("fixed_strategy")
     if not fixed:
         return ""
-    return f"; the plan is the fixed strategy {fixed} (faster than the search its time limit cut)"
+    return f"; the plan is the fixed strategy {fixed} (faster than what the search found)"
 
 
 def _print_summary(spec: str, program: Any) -> None:

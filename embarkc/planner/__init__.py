@@ -467,13 +467,15 @@ def plan_program(
                 f"the plan is barely searched; try a limit of {math.ceil(rest + 1.0)} s or more"
             )
         fixed: dict[str, float] | None = None
-        if baselines_fit(time_limit, len(program.tables)) and (baselines or g.stopped):
+        if baselines_fit(time_limit, len(program.tables)):
+            # costed whether or not the caller records them (their time was reserved), so
+            # that the plan below does not depend on it
             fixed = bl.baseline_times(cm)
             if baselines:
                 info["baselines"] = fixed
-        if g.stopped and fixed:
-            # a search cut short by its limit may end slower than a fixed strategy whose
-            # time was reserved: the plan is then the fastest fixed strategy the spec allows
+        if fixed:
+            # a search (cut short by its limit, above all) may end slower than a fixed
+            # strategy: the plan is then the fastest fixed strategy the spec allows
             found = _faster_fixed(program, cm, layout, fixed)
             if found is not None:
                 name, layout = found
