@@ -459,12 +459,13 @@ def plan_program(
             else:
                 info.update(solver="cp-sat", message=no_refine_message(g, time_limit, budget))
         if g.first_cut:
-            # the limit cut the first start's descent: say so, and what limit searches
+            # the limit cut the first start's descent: say so (how much longer that descent
+            # would have run is not known when it stops)
             rest = REST_SECONDS + reserve
             info["message"] = (
                 f"the {time_limit:g} s time limit cut the search in its first start (the rest "
                 f"of the command takes about {rest:.2g} s for {len(program.tables)} tables): "
-                f"the plan is barely searched; try a limit of {math.ceil(rest + 1.0)} s or more"
+                "the plan is barely searched; a longer limit searches it"
             )
         fixed: dict[str, float] | None = None
         if baselines_fit(time_limit, len(program.tables)):
