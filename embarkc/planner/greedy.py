@@ -1245,7 +1245,7 @@ def _greedy(
         if i > 0 and best is not None and work_seconds(cm) >= runs_until:
             stopped = True
             break  # the time limit: the rest is for the rebalance and the phase passes
-        if i == 1:
+        if best is not None:
             # the later starts' descents stop where no further start may begin
             cm.work_deadline = min(deadline, runs_until)
         comm = next((x.comm for x in decisions.values() if x.kind == "ub"), ub_comm)
@@ -1258,7 +1258,8 @@ def _greedy(
             continue
         found = _descend(search, limit)
         if best is None:
-            first_cut = out_of_work(cm)
+            # the first start that fits (its descent had the whole budget)
+            first_cut = work_seconds(cm) >= deadline
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     cm.work_deadline = deadline
