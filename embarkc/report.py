@@ -27,6 +27,7 @@ from embark_runtime.plan import Plan
 from embarkc.diagnostics import EmbarkError
 from embarkc.diff import COMPONENTS, PlanView, fmt_bytes, fmt_time, view_of
 from embarkc.ir import Program
+from embarkc.planner import fixed_strategy_note
 
 HEATMAP_TABLES = 40
 """Tables shown one per row in the heat map; the rest are folded by cluster kind."""
@@ -223,11 +224,7 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
             "planner",
             f"{planner.strategy}, solver {planner.solver}, status {planner.status}, "
             f"{planner.wall_time:.1f} s"
-            + (
-                f"; the plan is the fixed strategy {fixed}, faster than what the search found"
-                if (fixed := _extra(planner, "fixed_strategy"))
-                else ""
-            )
+            + (f"; {note}" if (note := fixed_strategy_note(planner)) else "")
             + lower
             + (
                 f"; cp-sat bound {fmt_time(bound)}{gap} in its last model"

@@ -256,6 +256,11 @@ def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strate
     assert main(["check", str(path)]) == 0
     said = "the plan is the fixed strategy column-wise (faster than what the search found)"
     assert said in capsys.readouterr().out
+    # and so does `embarkc report`'s planner line
+    from embarkc.report import report_data
+
+    facts = dict(report_data(plan).facts)
+    assert f"; {said}" in facts["planner"]
     quiet = plan_program(prog, solver="cp-sat", time_limit=0.7, baselines=False)
     assert quiet.shards == plan.shards and quiet.clusters == plan.clusters
     short = plan_program(prog, solver="cp-sat", time_limit=0.5)

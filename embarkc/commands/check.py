@@ -152,6 +152,7 @@ def _check_plan_file(path: str) -> None:
 
 def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
     """A plan's summary as (label, value) rows."""
+    from embarkc.planner import fixed_strategy_note
     from embarkc.units import format_bytes
 
     topo = plan.topology
@@ -190,17 +191,9 @@ def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
         (
             "planner",
             f"strategy {info.strategy}, solver {info.solver}, status {info.status}"
-            + _fixed_note(info),
+            + (f"; {note}" if (note := fixed_strategy_note(info)) else ""),
         ),
     ]
-
-
-def _fixed_note(info: Any) -> str:
-    """What a plan that is a fixed strategy faster than the search's result says of it."""
-    fixed = (info.model_extra or {}).get("fixed_strategy")
-    if not fixed:
-        return ""
-    return f"; the plan is the fixed strategy {fixed} (faster than what the search found)"
 
 
 def _print_summary(spec: str, program: Any) -> None:

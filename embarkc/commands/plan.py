@@ -192,8 +192,7 @@ def _print(plan: Any, wall: float, output: str | None, limit: float) -> None:
             f"mean {_gib(sum(mems) / len(mems))}"
         )
     print("clusters:")
-    cluster_of = {t: c.name for c in plan.clusters for t in c.tables}
-    cells_of = Counter(cluster_of.get(s.table) for s in plan.shards)
+    cells_of = Counter(plan.cluster_of(s.table).name for s in plan.shards)
     for c in plan.clusters:
         cells = cells_of[c.name]
         how = c.communication or c.gradient_exchange or ""

@@ -353,6 +353,15 @@ def no_refine_message(g: GreedyResult, time_limit: float, budget: float) -> str:
     return msg + f"; a limit of {math.ceil(time_limit - budget + 1.0)} s or more refines the plan"
 
 
+def fixed_strategy_note(planner: Any) -> str:
+    """What `embarkc check` and `report` say of a plan whose `planner` section records a
+    fixed strategy kept over the search (`planner.fixed_strategy`); "" for any other."""
+    fixed = (getattr(planner, "model_extra", None) or {}).get("fixed_strategy")
+    if not fixed:
+        return ""
+    return f"the plan is the fixed strategy {fixed} (faster than what the search found)"
+
+
 def _faster_fixed(
     program: Program, cm: CostModel, layout: Layout, fixed: dict[str, float]
 ) -> tuple[str, Layout] | None:
