@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from lark import Token, Tree
 
-from embarkc.syntax import Comment, parse_with_comments
+from embarkc.syntax import Comment, parse_with_comments, span_of
 
 LINE_WIDTH = 100
 INDENT = "  "
@@ -46,13 +46,13 @@ def _tokens(node: Tree | Token) -> list[Token]:
 def _first_line(node: Tree | Token) -> int:
     if isinstance(node, Token):
         return node.line or 0
-    return node.meta.line
+    return span_of(node, "").line
 
 
 def _last_line(node: Tree | Token) -> int:
     if isinstance(node, Token):
         return node.end_line or node.line or 0
-    return node.meta.end_line
+    return span_of(node, "").end_line
 
 
 def join_tokens(tokens: list[Token]) -> str:
