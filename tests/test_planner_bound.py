@@ -196,3 +196,38 @@ def test_dcnv2_on_16_x_8_replicates_its_ten_smallest_tables_at_the_bound(monkeyp
     assert sorted(n for n, p in g.layout.items() if p.kind == "dp") == sorted(dp)
     monkeypatch.setattr(greedy_mod, "bound_start", lambda *a: None)
     assert round(greedy_mod.greedy(cm).step_time * 1e3, 3) == 0.633
+
+
+@pytest.mark.parametrize("nodes", [1, 16])
+def test_a_replicated_tables_totals_are_what_a_rank_state_sums_to_the_bit(nodes):
+    """`_totals` costs a dp option without a `RankState` (a third of the bound on 5,000
+    tables): the same floats as summing a state that holds the table alone, for both
+    gradient exchanges of DCNv2's tables."""
+    from embarkc.planner.cost import RankState
+
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes)
+    cm = CostModel(prog)
+    for t in prog.tables:
+        for exchange in ("dense", "sparse"):
+            p = Placement("dp", exchange=exchange)  # type: ignore[arg-type]
+            st = RankState(cm)
+            st.add_table(t.name, p, 1.0)
+            links = st.links()
+            assert all(float(a.sum()) == 0.0 for pair in links.values() for a in pair)
+            want = (float(st.hbm_own.sum()) + cm.W * st.hbm_all) / cm.bw_hbm + cm.W * st.dp_time
+            assert _totals(cm, t.name, p) == (want, 0.0)
+
+
+def test_the_bound_is_costed_once_per_cost_model():
+    """The greedy's bound start and the plan's bound share one costing of every option:
+    the second `lower_bound` adds nothing to the model's count of work and gives the same
+    bound and categories."""
+    prog = program_from_workload(SHARED / "workloads" / "t180.json", 4)
+    cm = CostModel(prog)
+    cats = bound_categories(cm)
+    additions = cm.additions
+    assert additions > 0
+    lb = lower_bound(cm)
+    assert cm.additions == additions
+    fresh = CostModel(prog)
+    assert lower_bound(fresh) == lb and bound_categories(fresh) == cats
