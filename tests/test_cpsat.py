@@ -160,6 +160,33 @@ def test_the_later_starts_descend_only_within_the_runs_share(monkeypatch):
     assert g.work <= budget + 0.05, g.work
 
 
+def test_a_search_whose_last_start_was_cut_at_the_runs_share_says_it_was_cut(monkeypatch):
+    """T180 on 4 x 8 GPUs with 1.9 s of greedy work: all nine starts begin, and the last
+    one's descent stops where no further start may begin (RUNS_SHARE). The search was cut
+    by the limit, and says so; it used to say it was not (the 5,000 generated tables at
+    the default 30 s: "a limit of 36 s or more refines the plan", as if a longer limit
+    left the greedy as it was)."""
+    import embarkc.planner.greedy as greedy_mod
+    from embarkc.planner import no_refine_message
+    from embarkc.planner.greedy import out_of_work
+
+    prog = program_from_workload(SHARED / "workloads" / "t180.json", nodes=4)
+    cut: list[bool] = []
+    descend = greedy_mod._descend
+
+    def spy(search, limit):  # type: ignore[no-untyped-def]
+        found = descend(search, limit)
+        cut.append(out_of_work(search.cm))
+        return found
+
+    monkeypatch.setattr(greedy_mod, "_descend", spy)
+    g = greedy(CostModel(prog), budget=1.9)
+    assert len(cut) == 9 and cut[-1] and not any(cut[:-1]), cut
+    assert g.work < 1.9 and not g.first_cut
+    assert g.stopped
+    assert "its search cut short by the limit" in no_refine_message(g, 2.0, 0.0)
+
+
 def test_the_second_looks_at_the_starts_come_last(monkeypatch):
     """Small programs descend every start twice, the second time with the rough reference
     (cells placed by owner load alone); a limit that cuts the search must reach the other
@@ -196,6 +223,7 @@ def test_a_short_limit_holds_for_t510_and_leaves_out_the_baselines_that_do_not_f
         command_reserve,
         greedy_budget,
     )
+    from embarkc.planner.cost import signature_count, table_facts
 
     prog = program_from_workload(SHARED / "workloads" / "t510.json", nodes=16)
     n = len(prog.tables)
@@ -209,8 +237,46 @@ def test_a_short_limit_holds_for_t510_and_leaves_out_the_baselines_that_do_not_f
         r"the greedy's work \(about ([0-9.]+) s, its search cut short", plan.planner.message
     )
     assert said, plan.planner.message
-    assert float(said.group(1)) <= greedy_budget(2.0, command_reserve(2.0, n)) + 0.15
+    sigs = signature_count(table_facts(prog))
+    assert float(said.group(1)) <= greedy_budget(2.0, command_reserve(2.0, n, sigs)) + 0.15
     assert plan_program(prog, solver="cp-sat", time_limit=2.0, baselines=False) == plan
+
+
+def test_the_rest_of_the_command_counts_each_distinct_table_signature(monkeypatch):
+    """Reading a spec, the access statistics, every unit's starting kinds and the lower
+    bound cost per distinct table (`TableFacts.signature`), and none of it is the search's
+    counted work: 5,000 generated tables (5,000 signatures) took 24-30 s at the default
+    30 s limit, and 24 s at 20 s, while the rest counted 5.5 s. The greedy's budget now
+    leaves REST_SECONDS_PER_SIGNATURE a signature besides the rest per table; T180's 177
+    tables share 14 signatures and keep nearly all of theirs."""
+    import embarkc.planner.greedy as greedy_mod
+    from embarkc.planner import (
+        REST_SECONDS_PER_SIGNATURE,
+        command_reserve,
+        greedy_budget,
+    )
+    from embarkc.planner.cost import signature_count, table_facts
+    from embarkc.workload import generated_program
+
+    budgets: list[float | None] = []
+    real = greedy_mod.greedy
+
+    def spy(cm, progress=None, max_iterations=None, budget=None):  # type: ignore[no-untyped-def]
+        budgets.append(budget)
+        return real(cm, progress, max_iterations, budget)
+
+    monkeypatch.setattr(greedy_mod, "greedy", spy)
+    many = generated_program(60, 2, 8)
+    t180 = program_from_workload(SHARED / "workloads" / "t180.json", nodes=2)
+    assert signature_count(table_facts(many)) == 60
+    assert signature_count(table_facts(t180)) == 14
+    for prog in (many, t180):
+        n, sigs = len(prog.tables), signature_count(table_facts(prog))
+        budgets.clear()
+        plan_program(prog, solver="greedy", time_limit=30.0)
+        assert budgets == [greedy_budget(30.0, command_reserve(30.0, n, sigs))]
+        kept = command_reserve(30.0, n, sigs) - command_reserve(30.0, n)
+        assert kept == pytest.approx(REST_SECONDS_PER_SIGNATURE * sigs)
 
 
 def test_the_baselines_time_is_reserved_whether_or_not_the_caller_records_them():

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             )
     limit = program.options.time_limit if args.time_limit is None else args.time_limit
     with contextlib.redirect_stdout(summary_to):
-        _print(plan, wall, args.output, limit)
+        _print(plan, wall, args.output, limit, program)
         if args.explain:
             _explain(program, plan, args.explain)
     took = _clock() - entered
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print(plan: Any, wall: float, output: str | None, limit: float) -> None:
+def _print(plan: Any, wall: float, output: str | None, limit: float, program: Any) -> None:
     est = plan.estimate
     extra = est.model_extra or {}
     topo = plan.topology
@@ -222,12 +222,13 @@ def _print(plan: Any, wall: float, output: str | None, limit: float) -> None:
         )
     if info.strategy in ("embark", "greedy") and "baselines" not in pextra:
         from embarkc.planner import BASELINE_SECONDS_PER_TABLE, baselines_limit
+        from embarkc.planner.cost import signature_count, table_facts
 
         n = len(plan.tables)
         print(
             f"  baselines: not costed, they would take about "
             f"{BASELINE_SECONDS_PER_TABLE * n:.2g} s of the {limit:g} s time limit; "
-            f"a limit of {baselines_limit(n)} s or more costs them"
+            f"a limit of {baselines_limit(n, signature_count(table_facts(program)))} s or more costs them"
         )
     for name, t in sorted(pextra.get("baselines", {}).items()):
         line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"

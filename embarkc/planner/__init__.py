@@ -48,16 +48,24 @@ deterministic count, the same spec and limit give the same plan on any machine."
 
 REST_SECONDS = 0.45
 REST_SECONDS_PER_TABLE = 1e-3
+REST_SECONDS_PER_SIGNATURE = 1.3e-3
 REST_SHARE = 0.1
-"""The wall time the plan command spends besides the greedy, the refinement and the
-baselines, from the process's start to its exit: starting Python and importing embarkc
-(0.3 s), then per table reading the spec, the lower bound, the estimate, the checker,
-writing the plan and its summary. Counted as REST_SECONDS plus REST_SECONDS_PER_TABLE a
-table plus REST_SHARE of the greedy's work: measured from `/proc/self/stat`'s start to the
-exit at 0.52 s on T180 (177 tables) and 0.64 s on T510 (510) at 16 x 8 GPUs, about 0.45 s
-on small specs, and about 5.5 s on 5,000 generated tables on 1,024 GPUs (reading the spec
-2 s, the bound 3 s; AMD EPYC development VM, 2026-12-03). The counted rest is a little
-more, for a margin: with REST_SECONDS 0.35, T180 at `--time-limit 2` took 2.01 s."""
+"""The wall time the plan command spends besides the greedy's search, the refinement and
+the baselines, from the process's start to its exit: starting Python and importing
+embarkc (0.3 s); per table reading the spec, the estimate, the checker, writing the plan
+and its summary; per distinct table signature (`TableFacts.signature`: tables of equal
+costs share them) the access statistics, each unit's starting kinds and the lower bound.
+Counted as REST_SECONDS plus REST_SECONDS_PER_TABLE a table plus
+REST_SECONDS_PER_SIGNATURE a signature plus REST_SHARE of the greedy's work.
+
+Measured from `/proc/self/stat`'s start to the exit at 0.52 s on T180 (177 tables) and
+0.64 s on T510 (510) at 16 x 8 GPUs, about 0.45 s on small specs. On 5,000 generated
+tables on 1,024 GPUs (5,000 signatures), 2026-12-03: reading the spec 1.9-2.3 s, building,
+checking and writing the plan 1.7-2 s (0.8 ms a table); the statistics and starting kinds
+of both ub communications 3.7-4.4 s and the bound 1.8-2.8 s (1.1-1.4 ms a signature), on
+the AMD EPYC development VM whose speed varies by a quarter from one hour to the next. The
+counted rest is a little more, for a margin: with REST_SECONDS 0.35, T180 at
+`--time-limit 2` took 2.01 s."""
 
 BASELINE_SECONDS_PER_TABLE = 2.8e-3
 """CPU seconds per table of the fixed strategies' step times (`baselines.baseline_times`,
@@ -73,28 +81,31 @@ shorter limit the search keeps the time and the plan records no baselines (T510 
 they would take 1.4 s of it)."""
 
 
-def _fixed_rest(n_tables: int) -> float:
-    return REST_SECONDS + REST_SECONDS_PER_TABLE * n_tables
+def _fixed_rest(n_tables: int, signatures: int) -> float:
+    return (
+        REST_SECONDS + REST_SECONDS_PER_TABLE * n_tables + REST_SECONDS_PER_SIGNATURE * signatures
+    )
 
 
-def baselines_fit(time_limit: float, n_tables: int) -> bool:
-    """Whether the baselines' time of `n_tables` tables fits in `time_limit`
-    (BASELINE_SHARE of it, less the rest of the command)."""
+def baselines_fit(time_limit: float, n_tables: int, signatures: int = 0) -> bool:
+    """Whether the baselines' time of `n_tables` tables (of `signatures` distinct
+    signatures) fits in `time_limit` (BASELINE_SHARE of it, less the rest of the command)."""
     need = BASELINE_SECONDS_PER_TABLE * n_tables
-    return need <= BASELINE_SHARE * (time_limit - _fixed_rest(n_tables))
+    return need <= BASELINE_SHARE * (time_limit - _fixed_rest(n_tables, signatures))
 
 
-def baselines_limit(n_tables: int) -> int:
+def baselines_limit(n_tables: int, signatures: int = 0) -> int:
     """The least whole number of seconds of limit in which the baselines fit."""
     need = BASELINE_SECONDS_PER_TABLE * n_tables
-    return math.ceil(_fixed_rest(n_tables) + need / BASELINE_SHARE)
+    return math.ceil(_fixed_rest(n_tables, signatures) + need / BASELINE_SHARE)
 
 
-def command_reserve(time_limit: float, n_tables: int) -> float:
+def command_reserve(time_limit: float, n_tables: int, signatures: int = 0) -> float:
     """Seconds of the limit kept from the searches besides REST_SECONDS and REST_SHARE of
-    the greedy's work: the per-table rest, and the baselines' time where they fit."""
-    reserve = REST_SECONDS_PER_TABLE * n_tables
-    if baselines_fit(time_limit, n_tables):
+    the greedy's work: the rest per table and per signature, and the baselines' time
+    where they fit."""
+    reserve = REST_SECONDS_PER_TABLE * n_tables + REST_SECONDS_PER_SIGNATURE * signatures
+    if baselines_fit(time_limit, n_tables, signatures):
         reserve += BASELINE_SECONDS_PER_TABLE * n_tables
     return reserve
 
@@ -406,7 +417,7 @@ def plan_program(
     """
     from embarkc.planner import baselines as bl
     from embarkc.planner.bound import lower_bound
-    from embarkc.planner.cost import CostModel
+    from embarkc.planner.cost import CostModel, signature_count
     from embarkc.planner.greedy import balanced_phases, greedy
 
     opts = program.options
@@ -430,7 +441,8 @@ def plan_program(
         # the greedy gets the whole limit but the rest of the command; CP-SAT what it leaves
         # the baselines' time is reserved (where they fit) whether or not this call
         # records them: the plan depends on the spec and the limit alone
-        reserve = command_reserve(time_limit, len(program.tables))
+        n_tables, sigs = len(program.tables), signature_count(cm.facts)
+        reserve = command_reserve(time_limit, n_tables, sigs)
         g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve))
         layout = g.layout
         info.update(
@@ -473,11 +485,11 @@ def plan_program(
             rest = REST_SECONDS + reserve
             info["message"] = (
                 f"the {time_limit:g} s time limit cut the search in its first start (the rest "
-                f"of the command takes about {rest:.2g} s for {len(program.tables)} tables): "
+                f"of the command takes about {rest:.2g} s for {n_tables} tables): "
                 "the plan is barely searched; a longer limit searches it"
             )
         fixed: dict[str, float] | None = None
-        if baselines_fit(time_limit, len(program.tables)):
+        if baselines_fit(time_limit, n_tables, sigs):
             # costed whether or not the caller records them (their time was reserved), so
             # that the plan below does not depend on it
             fixed = bl.baseline_times(cm)

@@ -288,6 +288,12 @@ class TableFacts:
         return weights, state
 
 
+def signature_count(facts: dict[str, TableFacts]) -> int:
+    """Distinct signatures among `facts` (`table_facts`): part of the plan command's rest
+    scales with them (`planner.REST_SECONDS_PER_SIGNATURE`)."""
+    return len({tf.signature_id for tf in facts.values()})
+
+
 def table_facts(program: Program) -> dict[str, TableFacts]:
     out: dict[str, TableFacts] = {}
     for i, t in enumerate(program.tables):

@@ -1260,6 +1260,8 @@ def _greedy(
         if best is None:
             # the first start that fits (its descent had the whole budget)
             first_cut = work_seconds(cm) >= deadline
+        elif out_of_work(cm):
+            stopped = True  # a later start's descent, cut where no further start may begin
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     cm.work_deadline = deadline
