@@ -221,14 +221,15 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
             f"this plan is {100 * (est.step_time / low - 1):.1f} % above it"
         )
     if info.strategy in ("embark", "greedy") and "baselines" not in pextra:
-        from embarkc.planner import BASELINE_SECONDS_PER_TABLE, baselines_limit
-        from embarkc.planner.cost import signature_count, table_facts
+        from embarkc.planner import baseline_seconds, baselines_limit
+        from embarkc.planner.cost import head_weight, signature_count, table_facts
 
-        n = len(plan.tables)
+        facts = table_facts(program)
+        n, sigs, heads = len(plan.tables), signature_count(facts), head_weight(facts)
         print(
             f"  baselines: not costed, they would take about "
-            f"{BASELINE_SECONDS_PER_TABLE * n:.2g} s of the {limit:g} s time limit; "
-            f"a limit of {baselines_limit(n, signature_count(table_facts(program)))} s or more costs them"
+            f"{baseline_seconds(n, heads):.2g} s of the {limit:g} s time limit; "
+            f"a limit of {baselines_limit(n, sigs, heads)} s or more costs them"
         )
     for name, t in sorted(pextra.get("baselines", {}).items()):
         line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"

@@ -68,12 +68,18 @@ counted rest is a little more, for a margin: with REST_SECONDS 0.35, T180 at
 `--time-limit 2` took 2.01 s."""
 
 BASELINE_SECONDS_PER_TABLE = 2.8e-3
-"""CPU seconds per table of the fixed strategies' step times (`baselines.baseline_times`,
-five layouts costed from scratch), which the plan command records: 1.42 s for T510's 510
-tables, 0.34-0.46 s for T180's 177 and T200's 200, 0.10-0.16 s for DCNv2's 26 (AMD EPYC
-development VM). Reserved from the limit of every search (`plan_program`) where they fit
-in it (`baselines_fit`), so that a plan does not depend on whether its caller records
-them."""
+BASELINE_SECONDS_PER_HEAD = 8e-3
+"""CPU seconds of the fixed strategies' step times (`baselines.baseline_times`, five
+layouts costed from scratch), which the plan command records: per table, and per exact
+head that the row-split strategies compute for each distinct table signature (`HEAD_RANKS`
+zipf ranks, fewer for a table of fewer rows: `cost.head_weight` counts them in whole
+heads; beyond the 1,024 heads their cache holds, table-row-wise computes them again).
+Measured 1.42-1.52 s for T510's 510 tables (6.0 heads), 0.34-0.46 s for T180's 177 (9.3)
+and T200's 200 (9.5), 0.05-0.16 s for DCNv2's 26 (9.8), 5.8-6.0 s for 1,000 generated
+tables on 256 GPUs (670 heads) and 40-44 s for 5,000 on 1,024 GPUs (3,348; row-wise 23-27
+s of it, found not to fit only once costed), AMD EPYC development VM, 2026-12-03.
+Reserved from the limit of every search (`plan_program`) where they fit in it
+(`baselines_fit`), so that a plan does not depend on whether its caller records them."""
 
 BASELINE_SHARE = 0.5
 """Most of the limit (less the rest of the command) that the baselines may take: with a
@@ -87,26 +93,37 @@ def _fixed_rest(n_tables: int, signatures: int) -> float:
     )
 
 
-def baselines_fit(time_limit: float, n_tables: int, signatures: int = 0) -> bool:
+def baseline_seconds(n_tables: int, heads: float = 0.0) -> float:
+    """The fixed strategies' time for `n_tables` tables whose signatures make `heads`
+    exact heads (`cost.head_weight`)."""
+    return BASELINE_SECONDS_PER_TABLE * n_tables + BASELINE_SECONDS_PER_HEAD * heads
+
+
+def baselines_fit(
+    time_limit: float, n_tables: int, signatures: int = 0, heads: float = 0.0
+) -> bool:
     """Whether the baselines' time of `n_tables` tables (of `signatures` distinct
-    signatures) fits in `time_limit` (BASELINE_SHARE of it, less the rest of the command)."""
-    need = BASELINE_SECONDS_PER_TABLE * n_tables
+    signatures making `heads` exact heads) fits in `time_limit` (BASELINE_SHARE of it,
+    less the rest of the command)."""
+    need = baseline_seconds(n_tables, heads)
     return need <= BASELINE_SHARE * (time_limit - _fixed_rest(n_tables, signatures))
 
 
-def baselines_limit(n_tables: int, signatures: int = 0) -> int:
+def baselines_limit(n_tables: int, signatures: int = 0, heads: float = 0.0) -> int:
     """The least whole number of seconds of limit in which the baselines fit."""
-    need = BASELINE_SECONDS_PER_TABLE * n_tables
+    need = baseline_seconds(n_tables, heads)
     return math.ceil(_fixed_rest(n_tables, signatures) + need / BASELINE_SHARE)
 
 
-def command_reserve(time_limit: float, n_tables: int, signatures: int = 0) -> float:
+def command_reserve(
+    time_limit: float, n_tables: int, signatures: int = 0, heads: float = 0.0
+) -> float:
     """Seconds of the limit kept from the searches besides REST_SECONDS and REST_SHARE of
     the greedy's work: the rest per table and per signature, and the baselines' time
     where they fit."""
     reserve = REST_SECONDS_PER_TABLE * n_tables + REST_SECONDS_PER_SIGNATURE * signatures
-    if baselines_fit(time_limit, n_tables, signatures):
-        reserve += BASELINE_SECONDS_PER_TABLE * n_tables
+    if baselines_fit(time_limit, n_tables, signatures, heads):
+        reserve += baseline_seconds(n_tables, heads)
     return reserve
 
 
@@ -417,7 +434,7 @@ def plan_program(
     """
     from embarkc.planner import baselines as bl
     from embarkc.planner.bound import lower_bound
-    from embarkc.planner.cost import CostModel, signature_count
+    from embarkc.planner.cost import CostModel, head_weight, signature_count
     from embarkc.planner.greedy import balanced_phases, greedy
 
     opts = program.options
@@ -441,8 +458,12 @@ def plan_program(
         # the greedy gets the whole limit but the rest of the command; CP-SAT what it leaves
         # the baselines' time is reserved (where they fit) whether or not this call
         # records them: the plan depends on the spec and the limit alone
-        n_tables, sigs = len(program.tables), signature_count(cm.facts)
-        reserve = command_reserve(time_limit, n_tables, sigs)
+        n_tables, sigs, heads = (
+            len(program.tables),
+            signature_count(cm.facts),
+            head_weight(cm.facts),
+        )
+        reserve = command_reserve(time_limit, n_tables, sigs, heads)
         g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve))
         layout = g.layout
         info.update(
@@ -489,7 +510,7 @@ def plan_program(
                 "the plan is barely searched; a longer limit searches it"
             )
         fixed: dict[str, float] | None = None
-        if baselines_fit(time_limit, n_tables, sigs):
+        if baselines_fit(time_limit, n_tables, sigs, heads):
             # costed whether or not the caller records them (their time was reserved), so
             # that the plan below does not depend on it
             fixed = bl.baseline_times(cm)

@@ -294,6 +294,14 @@ def signature_count(facts: dict[str, TableFacts]) -> int:
     return len({tf.signature_id for tf in facts.values()})
 
 
+def head_weight(facts: dict[str, TableFacts]) -> float:
+    """The exact zipf heads that row-splitting every table of `facts` computes, in whole
+    heads of HEAD_RANKS ranks (one per distinct signature, smaller for fewer rows): part of
+    the fixed strategies' time scales with it (`planner.BASELINE_SECONDS_PER_HEAD`)."""
+    rows = {tf.signature_id: tf.rows for tf in facts.values()}
+    return sum(min(r, HEAD_RANKS) for r in rows.values()) / HEAD_RANKS
+
+
 def table_facts(program: Program) -> dict[str, TableFacts]:
     out: dict[str, TableFacts] = {}
     for i, t in enumerate(program.tables):

@@ -1147,7 +1147,9 @@ def greedy(
     columns, once per share of COLUMN_SHARES (`column_start`; for programs of more than
     FOUR_START_UNITS units on more than COLUMN_ONLY_RANKS ranks these replace the other
     starts). Programs of up to FOUR_START_UNITS units also search the lower bound's kinds
-    (`bound_start`) and, when the keys hide, their column starts. The fastest result is
+    (`bound_start`) and, when the keys hide, their column starts; programs of more than
+    MULTI_START_UNITS units the column-wise strategy's grids (`fine_column_start`), right
+    after their first start. The fastest result is
     rebalanced cell by cell (`Search.rebalance`): on
     programs of up to FOUR_START_UNITS units by the best move of all, then on those and on
     larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move. Last,
@@ -1236,6 +1238,19 @@ def _greedy(
         for d in more:
             if d is not None and d not in starts and (d, True) not in runs:
                 runs.append((d, True))
+    if len(units) > MULTI_START_UNITS:
+        # the column-wise strategy's grids: on many tables and ranks the descents balance
+        # no better than its cells of 16 columns placed heaviest first (5,000 generated
+        # tables on 1,024 GPUs: 6.228 ms from the other starts at the default limit, the
+        # column-wise strategy 5.712, the descent from its grids 5.712), and the plan
+        # command cannot cost the fixed strategies there within the default limit; right
+        # after the first start, as the later starts share what is left of the budget.
+        # Smaller programs search more starts and cost the fixed strategies, and the
+        # start gains them nothing for its work (T180 on 128 GPUs at 30 s: 4.156 ->
+        # 4.164 ms with it last; T510's greedy 1.74 -> 1.91 s, its plan the same)
+        fine = fine_column_start(cm, units, starts[0])
+        if fine not in starts and (fine, True) not in runs:
+            runs.insert(1, (fine, True))
     runs += second_looks
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
@@ -1455,6 +1470,29 @@ def column_start(
         c = min(u.max_c, max(d.c, math.ceil(loads[u.name] / (piece * d.r))))
         if c != d.c:
             out[u.name] = replace(d, c=c)
+    return out
+
+
+def fine_column_start(
+    cm: CostModel, units: list[Unit], start: dict[str, Decision]
+) -> dict[str, Decision]:
+    """`start` with every unit that may be rb cut as the column-wise strategy cuts its
+    tables (`baselines.build_layout`): rb with its starting communication, the fewest row
+    shards allowed, columns of 16 or more (dim // 16 cells, at most one per rank, within
+    its bounds); a rowwise_adagrad table keeps one column (its per-row state would be
+    copied to every cell). Units that may not be rb keep `start`'s decision."""
+    out = dict(start)
+    tables = cm.program.table_by_name
+    for u in units:
+        if "rb" not in u.kinds:
+            continue
+        ts = [tables[n] for n in u.tables]
+        if any(t.optimizer.kind == "rowwise_adagrad" for t in ts):
+            c = 1
+        else:
+            c = max(1, min(cm.W, min(t.dim for t in ts) // 16))
+        c = max(u.min_c, min(u.max_c, c))
+        out[u.name] = Decision("rb", u.min_r, c, default_comm(cm, "rb"))
     return out
 
 
