@@ -130,7 +130,8 @@ _UnitOptions = list[tuple[Unit, list[list[tuple[str, float, float]]]]]
 
 def _unit_options(cm: CostModel) -> _UnitOptions:
     """Each unit with, per table, its options as (category, work, keys); computed once
-    per cost model (`CostModel.bound_options`: 2.8 s on 5,000 generated tables)."""
+    per cost model (`CostModel.bound_options`), shared by the greedy's bound start (of
+    programs of up to 300 units) and the plan's bound (1.8 s on 5,000 generated tables)."""
     if cm.bound_options is not None:
         return cm.bound_options  # type: ignore[no-any-return]
     out: _UnitOptions = []
