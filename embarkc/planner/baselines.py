@@ -67,6 +67,15 @@ def _lpt(cm: CostModel, name: str, items: list[tuple[str, Placement]]) -> Layout
     return {t: p.with_ranks(tuple(ranks[i])) for i, (t, p) in enumerate(items)}
 
 
+def column_wise_cells(table: Any, W: int) -> int:
+    """The column cells column-wise cuts `table` into on `W` ranks: 16 columns or more
+    each, at most one per rank; a rowwise_adagrad table stays whole (its per-row state
+    would be copied to every cell)."""
+    if table.optimizer.kind == "rowwise_adagrad":
+        return 1
+    return max(1, min(W, table.dim // 16))
+
+
 def build_layout(cm: CostModel, name: str) -> Layout:
     """The layout of fixed strategy `name` (one of FIXED)."""
     prog = cm.program
@@ -78,7 +87,7 @@ def build_layout(cm: CostModel, name: str) -> Layout:
     elif name == "column-wise":
         items = []
         for t in prog.tables:
-            c = 1 if t.optimizer.kind == "rowwise_adagrad" else max(1, min(W, t.dim // 16))
+            c = column_wise_cells(t, W)
             items.append((t.name, Placement("rb", 1, column_widths(t.dim, c), (0,) * c)))
         layout = _lpt(cm, name, items)
     elif name == "row-wise":

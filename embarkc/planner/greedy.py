@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from embarkc.diagnostics import EmbarkError
+from embarkc.planner.baselines import column_wise_cells
 from embarkc.planner.clusters import (
     Unit,
     check_fits,
@@ -1477,20 +1478,15 @@ def fine_column_start(
     cm: CostModel, units: list[Unit], start: dict[str, Decision]
 ) -> dict[str, Decision]:
     """`start` with every unit that may be rb cut as the column-wise strategy cuts its
-    tables (`baselines.build_layout`): rb with its starting communication, the fewest row
-    shards allowed, columns of 16 or more (dim // 16 cells, at most one per rank, within
-    its bounds); a rowwise_adagrad table keeps one column (its per-row state would be
-    copied to every cell). Units that may not be rb keep `start`'s decision."""
+    tables (`baselines.column_wise_cells`; the fewest of a colocated group's tables,
+    within the unit's bounds): rb with its starting communication, the fewest row shards
+    allowed. Units that may not be rb keep `start`'s decision."""
     out = dict(start)
     tables = cm.program.table_by_name
     for u in units:
         if "rb" not in u.kinds:
             continue
-        ts = [tables[n] for n in u.tables]
-        if any(t.optimizer.kind == "rowwise_adagrad" for t in ts):
-            c = 1
-        else:
-            c = max(1, min(cm.W, min(t.dim for t in ts) // 16))
+        c = min(column_wise_cells(tables[n], cm.W) for n in u.tables)
         c = max(u.min_c, min(u.max_c, c))
         out[u.name] = Decision("rb", u.min_r, c, default_comm(cm, "rb"))
     return out
