@@ -222,14 +222,13 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
         )
     if info.strategy in ("embark", "greedy") and "baselines" not in pextra:
         from embarkc.planner import baseline_seconds, baselines_limit
-        from embarkc.planner.cost import head_weight, signature_count, table_facts
+        from embarkc.planner.cost import CommandSize, table_facts
 
-        facts = table_facts(program)
-        n, sigs, heads = len(plan.tables), signature_count(facts), head_weight(facts)
+        size = CommandSize.of(table_facts(program))
         print(
             f"  baselines: not costed, they would take about "
-            f"{baseline_seconds(n, heads):.2g} s of the {limit:g} s time limit; "
-            f"a limit of {baselines_limit(n, sigs, heads)} s or more costs them"
+            f"{baseline_seconds(size.tables, size.heads):.2g} s of the {limit:g} s time "
+            f"limit; a limit of {baselines_limit(*size)} s or more costs them"
         )
     for name, t in sorted(pextra.get("baselines", {}).items()):
         line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"

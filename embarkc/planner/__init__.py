@@ -434,7 +434,7 @@ def plan_program(
     """
     from embarkc.planner import baselines as bl
     from embarkc.planner.bound import lower_bound
-    from embarkc.planner.cost import CostModel, head_weight, signature_count
+    from embarkc.planner.cost import CommandSize, CostModel
     from embarkc.planner.greedy import balanced_phases, greedy
 
     opts = program.options
@@ -458,12 +458,8 @@ def plan_program(
         # the greedy gets the whole limit but the rest of the command; CP-SAT what it leaves
         # the baselines' time is reserved (where they fit) whether or not this call
         # records them: the plan depends on the spec and the limit alone
-        n_tables, sigs, heads = (
-            len(program.tables),
-            signature_count(cm.facts),
-            head_weight(cm.facts),
-        )
-        reserve = command_reserve(time_limit, n_tables, sigs, heads)
+        size = CommandSize.of(cm.facts)
+        reserve = command_reserve(time_limit, *size)
         g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve))
         layout = g.layout
         info.update(
@@ -506,11 +502,11 @@ def plan_program(
             rest = REST_SECONDS + reserve
             info["message"] = (
                 f"the {time_limit:g} s time limit cut the search in its first start (the rest "
-                f"of the command takes about {rest:.2g} s for {n_tables} tables): "
+                f"of the command takes about {rest:.2g} s for {size.tables} tables): "
                 "the plan is barely searched; a longer limit searches it"
             )
         fixed: dict[str, float] | None = None
-        if baselines_fit(time_limit, n_tables, sigs, heads):
+        if baselines_fit(time_limit, *size):
             # costed whether or not the caller records them (their time was reserved), so
             # that the plan below does not depend on it
             fixed = bl.baseline_times(cm)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -300,6 +300,21 @@ def head_weight(facts: dict[str, TableFacts]) -> float:
     the fixed strategies' time scales with it (`planner.BASELINE_SECONDS_PER_HEAD`)."""
     rows = {tf.signature_id: tf.rows for tf in facts.values()}
     return sum(min(r, HEAD_RANKS) for r in rows.values()) / HEAD_RANKS
+
+
+class CommandSize(NamedTuple):
+    """What the plan command's rest and the fixed strategies' time scale with
+    (`planner.command_reserve`, `baselines_fit`, `baselines_limit`, in this order)."""
+
+    tables: int
+    signatures: int
+    """`signature_count`"""
+    heads: float
+    """`head_weight`"""
+
+    @classmethod
+    def of(cls, facts: dict[str, TableFacts]) -> CommandSize:
+        return cls(len(facts), signature_count(facts), head_weight(facts))
 
 
 def table_facts(program: Program) -> dict[str, TableFacts]:
