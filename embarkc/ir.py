@@ -30,7 +30,27 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from embark_runtime.plan import (
+    MAX_BATCH,
+    MAX_DIM,
+    MAX_GPUS_PER_NODE,
+    MAX_HOTNESS,
+    MAX_NODES,
+    MAX_ROWS,
+)
 from embarkc.diagnostics import Span
+
+LIMITS = {
+    "rows": MAX_ROWS,
+    "dim": MAX_DIM,
+    "hotness": MAX_HOTNESS,
+    "max hotness": MAX_HOTNESS,
+    "batch": MAX_BATCH,
+    "nodes": MAX_NODES,
+    "gpus_per_node": MAX_GPUS_PER_NODE,
+}
+"""The largest value of each size a spec may give (by the name the language's errors use;
+the plan file holds the same bounds, embark_runtime.plan)."""
 
 DType = Literal["fp32", "fp16", "bf16"]
 Pooling = Literal["sum", "mean", "concat"]
@@ -91,8 +111,8 @@ class Node(BaseModel):
 class Topology(Node):
     """The GPU cluster. Bandwidths are per GPU per direction."""
 
-    nodes: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
+    nodes: int = Field(gt=0, le=MAX_NODES)
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE)
     hbm_bytes: int = Field(gt=0)
     hbm_bandwidth: float = Field(gt=0)
     intra_node_bandwidth: float = Field(gt=0)
@@ -156,8 +176,8 @@ class Init(Node):
 
 class Table(Node):
     name: str
-    rows: int = Field(gt=0)
-    dim: int = Field(gt=0)
+    rows: int = Field(gt=0, le=MAX_ROWS)
+    dim: int = Field(gt=0, le=MAX_DIM)
     dtype: DType = "fp32"
     optimizer: Optimizer = Optimizer()
     init: Init = Init()
@@ -221,8 +241,8 @@ class Feature(Node):
 
     name: str
     table: str
-    hotness: float = Field(gt=0)
-    max_hotness: int = Field(gt=0)
+    hotness: float = Field(gt=0, le=MAX_HOTNESS)
+    max_hotness: int = Field(gt=0, le=MAX_HOTNESS)
     fixed: bool = True
     pooling: Pooling = "sum"
     weighted: bool = False
@@ -249,7 +269,7 @@ class DenseOptimizer(Node):
 class DenseModel(Node):
     """The DLRM dense part: bottom MLP over dense features, interaction, top MLP."""
 
-    batch_size: int = Field(gt=0)
+    batch_size: int = Field(gt=0, le=MAX_BATCH)
     """Global batch: samples per step over all ranks."""
     dense_features: int = Field(ge=0)
     bottom_mlp: tuple[int, ...] = ()

@@ -165,8 +165,10 @@ class Lowerer:
         integer: bool = True,
         what: str = "value",
         minimum: float | None = 1,
+        maximum: int | None = None,
     ) -> Any:
-        """The value of a `num` node, checked against `minimum`; raises _Fail."""
+        """The value of a `num` node, checked against `minimum` and `maximum` (one of
+        `ir.LIMITS`, by default the limit of `what` if it has one); raises _Fail."""
         tok = node.children[0]
         unit = node.children[1] if len(node.children) > 1 else None
         span = span_of(node, file)
@@ -184,6 +186,16 @@ class Lowerer:
                 self.error(f"{what} must not be negative, got {tok}", span)
             else:
                 self.error(f"{what} must be at least {minimum:g}, got {tok}", span)
+            raise _Fail
+        if maximum is None:
+            maximum = ir.LIMITS.get(what)
+        if maximum is not None and value > maximum:
+            self.error(
+                f"{what} must be at most {maximum:,} (2^{maximum.bit_length() - 1}), got {tok}",
+                span,
+                "the sizes a spec may hold keep every count derived from them exact; "
+                "no real model comes near this",
+            )
             raise _Fail
         return value
 
@@ -1352,7 +1364,7 @@ class Lowerer:
                 (
                     f"use at least {_nodes(need_nodes)}, bigger GPUs, or smaller tables "
                     f"(the largest, `{biggest.name}`, needs {format_bytes(biggest.bytes)})"
-                    if need_nodes < 10**9
+                    if need_nodes <= ir.LIMITS["nodes"]
                     else f"the largest table, `{biggest.name}`, needs "
                     f"{format_bytes(biggest.bytes)}: is its `rows` a typo?"
                 ),

@@ -29,6 +29,17 @@ VERSION = 1
 STATE_ELEMENT_BYTES = 4
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
+# The largest sizes a spec or a plan may hold (the language checks the same bounds,
+# embarkc.lower): far beyond any real model, small enough that every count the cost
+# model, the simulator and the runtime derive (rows x dim, batch x hotness, ranks x cells)
+# stays exact in int64 and float64.
+MAX_ROWS = 1 << 48
+MAX_DIM = 1 << 16
+MAX_HOTNESS = 1 << 20
+MAX_BATCH = 1 << 31
+MAX_NODES = 1 << 16
+MAX_GPUS_PER_NODE = 1 << 10
+
 
 class PlanError(Exception):
     """A plan file that cannot be used. `rule` names the broken contract rule."""
@@ -41,12 +52,13 @@ class PlanError(Exception):
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+    # every number of a plan is finite: NaN or infinity is a broken plan, named by its field
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
 class PlanTopology(_M):
-    nodes: int = Field(gt=0)
-    gpus_per_node: int = Field(gt=0)
+    nodes: int = Field(gt=0, le=MAX_NODES)
+    gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE)
     hbm_bytes: int = Field(gt=0)
     hbm_bandwidth: float = Field(gt=0)
     intra_node_bandwidth: float = Field(gt=0)
@@ -90,8 +102,8 @@ class InitParams(_M):
 
 class PlanTable(_M):
     name: str
-    rows: int = Field(gt=0)
-    dim: int = Field(gt=0)
+    rows: int = Field(gt=0, le=MAX_ROWS)
+    dim: int = Field(gt=0, le=MAX_DIM)
     dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
     optimizer: Literal["sgd", "adagrad", "rowwise_adagrad", "adam"] = "sgd"
     optimizer_params: OptimizerParams = OptimizerParams()
@@ -126,10 +138,10 @@ class Access(_M):
 class PlanFeature(_M):
     name: str
     table: str
-    hotness: float = Field(gt=0)
+    hotness: float = Field(gt=0, le=MAX_HOTNESS)
     pooling: Literal["sum", "mean", "concat"] = "sum"
     access: Access
-    max_hotness: int | None = None
+    max_hotness: int | None = Field(default=None, le=MAX_HOTNESS)
     fixed: bool = True
     weighted: bool = False
 
@@ -183,7 +195,7 @@ class Cluster(_M):
 class Shard(_M):
     table: str
     row_shard: int = Field(ge=0)
-    row_shards: int = Field(gt=0)
+    row_shards: int = Field(gt=0, le=MAX_ROWS)
     columns: tuple[int, int]
     rank: int
 
@@ -194,12 +206,12 @@ class Shard(_M):
 
 class RankEstimate(_M):
     rank: int
-    memory_bytes: int
-    time: float
+    memory_bytes: int = Field(ge=0)
+    time: float = Field(ge=0)
 
 
 class Estimate(_M):
-    step_time: float
+    step_time: float = Field(ge=0)
     per_rank: list[RankEstimate]
 
 
@@ -223,23 +235,23 @@ class Source(_M):
 
 
 class _OwnRank(_M):
-    components: dict[str, float] | None = None
-    memory: dict[str, int] | None = None
+    components: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    memory: dict[str, Annotated[int, Field(ge=0)]] | None = None
 
 
 class _OwnTableRow(_M):
     table: str
     cluster: str | None = None
-    time: float | None = None
-    memory_bytes: int | None = None
-    ranks: int | None = None
+    time: float | None = Field(default=None, ge=0)
+    memory_bytes: int | None = Field(default=None, ge=0)
+    ranks: int | None = Field(default=None, ge=0)
 
 
 class _OwnEstimate(_M):
     per_rank: list[_OwnRank] = []
     critical_rank: int | None = Field(default=None, ge=0)
     critical_path: float | None = Field(default=None, ge=0)
-    components: dict[str, float] | None = None
+    components: dict[str, Annotated[float, Field(ge=0)]] | None = None
     per_table: list[_OwnTableRow] | None = None
     key_window: float | None = Field(default=None, ge=0)
     dense_allreduce_time: float | None = Field(default=None, ge=0)
@@ -296,10 +308,11 @@ class Plan(_M):
     version: Literal[1] = VERSION
     source: Source
     topology: PlanTopology
-    batch_size: int = Field(gt=0)
+    batch_size: int = Field(gt=0, le=MAX_BATCH)
     tables: list[PlanTable]
     features: list[PlanFeature]
     row_partition: Literal["mod", "range"] = "mod"
+    """A plan file must give it (`parse_plan`): where a table's rows live follows from it."""
     clusters: list[Cluster]
     shards: list[Shard]
     estimate: Estimate
@@ -437,6 +450,16 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                     path, "rule 2", f"shards of `{name}` disagree on row_shards: {sorted(rs)}"
                 )
             r = rs.pop()
+            if r > len(cells):
+                # every row shard needs a cell of its own (checked before looping over them)
+                raise PlanError(
+                    path,
+                    "rule 2",
+                    f"`{name}` has row_shards {r} but {len(cells)} cell(s): some row shards "
+                    "have no columns",
+                )
+            if any(s.row_shard >= r for s in cells):
+                raise PlanError(path, "rule 2", f"`{name}` has a row_shard outside [0, {r})")
             for j in range(r):
                 cols = sorted(s.columns for s in cells if s.row_shard == j)
                 pos = 0
@@ -455,8 +478,6 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                         "rule 2",
                         f"columns of `{name}` row shard {j} cover [0, {pos}), not [0, {dim})",
                     )
-            if any(s.row_shard >= r for s in cells):
-                raise PlanError(path, "rule 2", f"`{name}` has a row_shard outside [0, {r})")
     if not plan.model_extra or not plan.model_extra.get("offload"):
         for rank, used in enumerate(plan.memory_by_rank()):
             if used > plan.topology.hbm_bytes:
@@ -468,6 +489,48 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                 )
 
 
+def _own_rules(plan: Plan, path: str) -> None:
+    """What embarkc's readers need of a plan beyond the contract's rules (docs/plan.md,
+    "Rules of our own"): the global batch splits evenly over the ranks (the trainer and
+    the simulator give every rank the same number of samples), and the estimate speaks of
+    the plan's ranks, each once."""
+    world = plan.world_size
+    if plan.batch_size % world:
+        raise PlanError(
+            path,
+            "batch",
+            f"batch_size {plan.batch_size} does not split evenly over the {world} ranks "
+            "(every rank trains the same number of samples); re-plan the spec",
+        )
+    seen: set[int] = set()
+    for r in plan.estimate.per_rank:
+        if not 0 <= r.rank < world or r.rank in seen:
+            what = "twice" if r.rank in seen else f"outside [0, {world})"
+            raise PlanError(
+                path, "estimate", f"estimate.per_rank has rank {r.rank} {what}; re-plan the spec"
+            )
+        seen.add(r.rank)
+    critical = plan.estimate.model_extra.get("critical_rank") if plan.estimate.model_extra else None
+    if critical is not None and not 0 <= critical < world:
+        raise PlanError(
+            path,
+            "estimate",
+            f"estimate.critical_rank is {critical}, outside [0, {world}); re-plan the spec",
+        )
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for i, k in enumerate(keys) if k in keys[:i])
+        raise _DuplicateKey(dup)
+    return dict(pairs)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
 def _first_error(e: ValidationError) -> tuple[str, str]:
     """(dotted field path, message) of a validation's first error."""
     err = e.errors()[0]
@@ -477,9 +540,16 @@ def _first_error(e: ValidationError) -> tuple[str, str]:
 def parse_plan(text: str, path: str = "<plan>") -> Plan:
     """Parse and validate plan text; raise PlanError with the broken rule."""
     try:
-        data = json.loads(text)
+        # a key given twice would be read as its last value by one reader and its first
+        # by another: the plan is ambiguous
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as e:
+        raise PlanError(path, "json", f"key `{e}` appears twice in one object") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise PlanError(path, "json", f"not valid JSON ({e})") from None
+    except ValueError as e:
+        # Python's limit on the digits of an integer (a number no plan can hold)
+        raise PlanError(path, "json", f"not a plan's JSON ({e})") from None
     if not isinstance(data, dict):
         raise PlanError(path, "format", "a plan is a JSON object")
     if data.get("format") != FORMAT:
@@ -490,6 +560,11 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             "version",
             f"plan version {data.get('version')!r} is not supported (this embarkc reads "
             f"version {VERSION}); re-plan the spec with this embarkc",
+        )
+    if "row_partition" not in data:
+        # the contract lists it, and where every row lives follows from it: no default
+        raise PlanError(
+            path, "schema", "field `row_partition`: missing (`mod` or `range`); re-plan the spec"
         )
     # strict: a JSON string, boolean or float where the contract has an integer is a broken
     # plan (`"rank": true` would otherwise be read as rank 1), not something to coerce
@@ -510,6 +585,7 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             "re-plan the spec, or delete the field",
         ) from None
     validate_rules(plan, path)
+    _own_rules(plan, path)
     rows = {t.name: t.rows for t in plan.tables}
     for f in plan.features:
         problem = feature_problem(f, rows[f.table])

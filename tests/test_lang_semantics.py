@@ -251,11 +251,20 @@ def test_all_errors_are_collected() -> None:
     ]
 
 
-def test_ten_to_the_fifteen_rows_is_valid_but_does_not_fit() -> None:
+def test_ten_to_the_fourteen_rows_is_valid_but_does_not_fit() -> None:
+    with pytest.raises(EmbarkError) as info:
+        lower("table a { rows 1e13 dim 128 hotness 1 }\n")
+    (d,) = info.value.diagnostics
+    assert "short by" in d.message and d.hint and "nodes" in d.hint
+    # more nodes than a spec may have: the hint does not suggest them
+    with pytest.raises(EmbarkError) as info:
+        lower("table a { rows 1e14 dim 128 hotness 1 }\n")
+    (d,) = info.value.diagnostics
+    assert "short by" in d.message and d.hint and "is its `rows` a typo?" in d.hint
     with pytest.raises(EmbarkError) as info:
         lower("table a { rows 1e15 dim 128 hotness 1 }\n")
     (d,) = info.value.diagnostics
-    assert "short by" in d.message and d.hint and "nodes" in d.hint
+    assert d.message.startswith("rows must be at most 281,474,976,710,656 (2^48)")
 
 
 def test_check_dump_ir_is_the_program_as_json(capsys: pytest.CaptureFixture[str]) -> None:

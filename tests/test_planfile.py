@@ -136,6 +136,54 @@ def test_memory_by_rank_counts_state_and_replicas():
         (lambda d: d["tables"][1].update(dim="4"), "schema", "tables.1.dim"),
         (lambda d: d["shards"][0].update(columns=[0, "4"]), "schema", "shards.0.columns.1"),
         (lambda d: d["estimate"].update(critical_rank=True), "schema", "estimate.critical_rank"),
+        # what a hand edit makes of the estimate: diff's gate, report and check read it
+        (lambda d: d["estimate"].update(step_time=float("nan")), "schema", "estimate.step_time"),
+        (lambda d: d["estimate"].update(step_time=float("inf")), "schema", "estimate.step_time"),
+        (lambda d: d["estimate"].update(step_time=-1.0), "schema", "estimate.step_time"),
+        (
+            lambda d: d["estimate"]["per_rank"][0].update(time=float("nan")),
+            "schema",
+            "estimate.per_rank.0.time",
+        ),
+        (
+            lambda d: d["estimate"]["per_rank"][0].update(memory_bytes=-5),
+            "schema",
+            "estimate.per_rank.0.memory_bytes",
+        ),
+        (
+            lambda d: d["estimate"]["per_rank"].append({"rank": 0, "memory_bytes": 0, "time": 0}),
+            "estimate",
+            "rank 0 twice",
+        ),
+        (
+            lambda d: d["estimate"]["per_rank"][0].update(rank=7),
+            "estimate",
+            "rank 7 outside [0, 4)",
+        ),
+        (lambda d: d["estimate"].update(critical_rank=99), "estimate", "critical_rank is 99"),
+        (
+            lambda d: d["topology"].update(hbm_bandwidth=float("inf")),
+            "schema",
+            "topology.hbm_bandwidth",
+        ),
+        # sizes no spec can hold: every count derived from them must stay exact
+        (lambda d: d["tables"][0].update(rows=10**30), "schema", "tables.0.rows"),
+        (lambda d: d["features"][0].update(hotness=2.0**62), "schema", "features.0.hotness"),
+        (lambda d: d.update(batch_size=4 * 10**30), "schema", "batch_size"),
+        (
+            lambda d: d["shards"][2].update(row_shards=10**15),
+            "schema",
+            "shards.2.row_shards",
+        ),
+        (
+            lambda d: [s.update(row_shards=5) for s in d["shards"]],
+            "rule 2",
+            "row_shards 5 but 3 cell(s)",
+        ),
+        (lambda d: d["shards"][2].update(row_shard=5), "rule 2", "row_shard outside [0, 2)"),
+        # what the trainer and the simulator need of every plan
+        (lambda d: d.update(batch_size=18), "batch", "does not split evenly over the 4 ranks"),
+        (lambda d: d.pop("row_partition"), "schema", "field `row_partition`"),
     ],
 )
 def test_broken_plan_names_the_rule(mutate, rule, needle):
@@ -183,6 +231,20 @@ def test_corrupt_file_is_a_clear_error(tmp_path, raw):
     with pytest.raises(PlanError) as e:
         load_plan(p)
     assert str(p) in str(e.value)
+
+
+def test_a_key_given_twice_or_a_number_too_long_is_a_clear_error():
+    text = dumps_plan(_plan())
+    twice = text.replace('"batch_size": 16,', '"batch_size": 16,\n  "batch_size": 16,', 1)
+    assert twice != text
+    with pytest.raises(PlanError) as e:
+        parse_plan(twice, "p.json")
+    assert e.value.rule == "json"
+    assert "key `batch_size` appears twice" in e.value.message
+    long = text.replace('"batch_size": 16', '"batch_size": ' + "1" * 5000, 1)
+    with pytest.raises(PlanError) as e:
+        parse_plan(long, "p.json")
+    assert e.value.rule == "json"
 
 
 def test_missing_file(tmp_path):

@@ -588,3 +588,14 @@ def test_dense_model_bytes_are_its_hierarchical_allreduce() -> None:
     for (a, o), n in literal_allreduce(dense_parameters(plan), plan.world_size, g).items():
         want["intra" if a // g == o // g else "inter"] += n
     assert got == want and want["inter"] > 0
+
+
+def test_a_batch_too_large_to_sample_here_is_refused_before_drawing() -> None:
+    from embarkc.simulate import SAMPLED_BYTES_PER_ID, _check_sampling_memory
+
+    plan = make_plan()
+    # table a: fa (3 ids a bag) and fa_w (up to 4) on the global batch of 16
+    need = 16 * (3 + 4) * SAMPLED_BYTES_PER_ID
+    _check_sampling_memory(plan, available=need)
+    with pytest.raises(ValueError, match=r"table `a` holds up to 112 ids .* smaller batch"):
+        _check_sampling_memory(plan, available=need - 1)

@@ -80,7 +80,8 @@ def test_user_mistakes_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     uneven = tmp_path / "uneven.json"
     uneven.write_text(dumps_plan(make_plan(batch=18)))
     assert main(["simulate", str(uneven)]) == 2
-    assert "does not split evenly over 4 ranks" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid plan (batch)" in err and "does not split evenly over the 4 ranks" in err
     assert main(["simulate", str(uneven), "--batches", "0"]) == 2
     assert "--batches must be at least 1" in capsys.readouterr().err
     assert main(["simulate", str(tmp_path / "missing.json")]) == 2
