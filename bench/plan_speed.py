@@ -1,5 +1,5 @@
 """Planner speed and quality:
-`python bench/plan_speed.py [--scale] [--quality] [--cpsat S] [--command]`.
+`python bench/plan_speed.py [--scale] [--quality] [--cpsat S] [--command] [--mid]`.
 
 * speed: greedy for T510 on 16 x 8 GPUs; with --scale also 5,000 generated tables on
   128 x 8 GPUs (wall time and peak RSS of this process);
@@ -16,6 +16,10 @@
   (`embarkc.workload.generated_spec`) at the default 30 s: the plan's step time, the
   planner's own wall time as printed, and the process's wall and CPU seconds and peak RSS
   (against the limit: the whole command must end within it).
+* mid (--mid): generated programs of 350 to 1,000 tables on 256 to 1,024 GPUs planned as
+  `embarkc plan` does at the default 30 s (`plan_program`, deterministic work counts),
+  with and without the start on the column-wise strategy's grids
+  (`greedy.fine_column_start`), against the column-wise and table-wise strategies.
 Prints markdown tables (what bench/results_planner.md records).
 """
 
@@ -154,6 +158,43 @@ def command() -> None:
         print(f"| 5,000 generated tables (128 x 8), default limit | {blanks} | {cell} |")
 
 
+MID = ((350, 32), (350, 128), (600, 64), (800, 64), (1000, 32), (1000, 64), (1000, 128))
+
+
+def mid() -> None:
+    import embarkc.planner.greedy as greedy_mod
+    from embarkc.planner import baselines as bl
+
+    real = greedy_mod.fine_column_start
+    print(
+        "| tables | GPUs | plan at 30 s (ms) | wall (s) | without the column-wise start (ms) "
+        "| wall (s) | column-wise (ms) | table-wise (ms) | lower bound (ms) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for tables, nodes in MID:
+        prog = generated_program(tables, nodes, 8)
+        cells = []
+        for fine in (real, lambda cm, units, start: dict(start)):
+            greedy_mod.fine_column_start = fine
+            t = time.perf_counter()
+            plan = plan_program(prog, time_limit=30.0)
+            wall = time.perf_counter() - t
+            got = f"{plan.estimate.step_time * 1e3:.3f}"
+            fixed = (plan.planner.model_extra or {}).get("fixed_strategy")
+            cells += [got + (f" ({fixed})" if fixed else ""), f"{wall:.1f}"]
+        greedy_mod.fine_column_start = real
+        cm = CostModel(prog)
+        fixed_times = [
+            cm.step_time(bl.build_layout(cm, s)) * 1e3 for s in ("column-wise", "table-wise")
+        ]
+        bound = (plan.planner.model_extra or {}).get("lower_bound", 0.0) * 1e3
+        print(
+            f"| {tables} | {nodes * 8} | {' | '.join(cells)} | {fixed_times[0]:.3f} "
+            f"| {fixed_times[1]:.3f} | {bound:.3f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", action="store_true", help="also the 5,000-table case")
@@ -162,7 +203,11 @@ def main() -> None:
     ap.add_argument(
         "--command", action="store_true", help="the whole plan command at several limits"
     )
+    ap.add_argument("--mid", action="store_true", help="mid-sized generated programs at 30 s")
     a = ap.parse_args()
+    if a.mid:
+        mid()
+        return
     if a.command:
         command()
         return

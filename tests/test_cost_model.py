@@ -173,6 +173,27 @@ def test_dp_dense_exchange_on_one_node_is_an_nvlink_ring():
     assert dv.exchange_time == pytest.approx(2 * 3 / 4 * size / (1e11 * K.NVLINK_EFFICIENCY))
 
 
+@pytest.mark.parametrize("kind", ["rb", "ub"])
+def test_one_gpu_pays_no_collective_latency_and_agrees_with_the_simulator(kind):
+    # the runtime copies a one-rank all-to-all locally: no collective, no latency
+    from embarkc.planner import plan_program
+    from embarkc.planner.baselines import build_layout
+    from embarkc.simulate import simulate
+
+    prog = _program(gpus=1, batch=8)
+    cm = CostModel(prog)
+    lay = {"t0": Placement(kind, 1, (16,), (0,))}
+    comp = cm.layout_state(lay).components()
+    assert comp["distributor"][0] == 0.0
+    assert comp["nvlink"][0] == 0.0
+    assert comp["network"][0] == 0.0
+    assert cm.layout_state(lay).step_time() == pytest.approx(comp["lookup"][0])
+    plan = plan_program(prog, strategy="table-wise")
+    assert build_layout(cm, "table-wise")["t0"].kind == "rb"
+    sim = simulate(plan, batches=2)
+    assert sim.step_time == pytest.approx(plan.estimate.step_time, rel=0.05)
+
+
 def test_evaluate_recosts_any_plan_like_the_planner():
     from embarkc.planner import plan_program
 

@@ -461,8 +461,12 @@ class CostModel:
         self.facts = table_facts(program)
         self.node_of = np.arange(self.W) // self.G
         self.local_of = np.arange(self.W) % self.G
-        self.collective_latency = K.COLLECTIVE_LATENCY_SECONDS + (
-            K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0
+        # one GPU runs no collective: the runtime copies its all-to-all chunks locally
+        # (embark_runtime.comm.Comm.all_to_all), and the simulator charges none either
+        self.collective_latency = (
+            K.COLLECTIVE_LATENCY_SECONDS + (K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0)
+            if self.W > 1
+            else 0.0
         )
         self.dense = dense_shape(program)
         self.key_window = prefetch_window(self.dense, self.b, topo.dense_flops)

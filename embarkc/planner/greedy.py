@@ -102,6 +102,12 @@ class Decision:
 MULTI_START_UNITS = 1000
 """Above this many units the greedy searches one start only (planning time)."""
 
+FINE_START_RANKS = (128, 256)
+"""On more ranks than the first, programs of more than FOUR_START_UNITS units also start
+from the column-wise strategy's grids (`fine_column_start`), as programs of more than
+MULTI_START_UNITS units do on any number of ranks; on up to the second, after their other
+starts (where a short limit ends the search before it, it takes nothing from them)."""
+
 FOUR_START_UNITS = 300
 """Up to this many units each start is also searched placing cells by owner loads alone
 (the other mode places them by the full model's rank times): neither mode wins always."""
@@ -1149,8 +1155,9 @@ def greedy(
     FOUR_START_UNITS units on more than COLUMN_ONLY_RANKS ranks these replace the other
     starts). Programs of up to FOUR_START_UNITS units also search the lower bound's kinds
     (`bound_start`) and, when the keys hide, their column starts; programs of more than
-    MULTI_START_UNITS units the column-wise strategy's grids (`fine_column_start`), right
-    after their first start. The fastest result is
+    MULTI_START_UNITS units, and those of more than FOUR_START_UNITS on more than
+    FINE_START_RANKS[0] ranks, the column-wise strategy's grids (`fine_column_start`),
+    right after their first start (after the others on up to FINE_START_RANKS[1] ranks). The fastest result is
     rebalanced cell by cell (`Search.rebalance`): on
     programs of up to FOUR_START_UNITS units by the best move of all, then on those and on
     larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move. Last,
@@ -1239,19 +1246,32 @@ def _greedy(
         for d in more:
             if d is not None and d not in starts and (d, True) not in runs:
                 runs.append((d, True))
-    if len(units) > MULTI_START_UNITS:
+    if len(units) > MULTI_START_UNITS or (
+        len(units) > FOUR_START_UNITS and cm.W > FINE_START_RANKS[0]
+    ):
         # the column-wise strategy's grids: on many tables and ranks the descents balance
         # no better than its cells of 16 columns placed heaviest first (5,000 generated
         # tables on 1,024 GPUs: 6.228 ms from the other starts at the default limit, the
-        # column-wise strategy 5.712, the descent from its grids 5.712), and the plan
-        # command cannot cost the fixed strategies there within the default limit; right
-        # after the first start, as the later starts share what is left of the budget.
-        # Smaller programs search more starts and cost the fixed strategies, and the
-        # start gains them nothing for its work (T180 on 128 GPUs at 30 s: 4.156 ->
-        # 4.164 ms with it last; T510's greedy 1.74 -> 1.91 s, its plan the same)
+        # column-wise strategy 5.712, the descent from its grids 5.712; unlimited greedy
+        # on generated programs: 350 tables on 1,024 GPUs 1.387 -> 1.240 ms, 600 on 512
+        # 1.997 -> 1.955 (column-wise 1.977), 1,000 on 256 4.752 -> 4.461 (column-wise
+        # 4.461)), and the plan command cannot cost the fixed strategies there within
+        # the default limit. Right after the first start, as the later starts share what
+        # is left of the budget (at 15 s of work: 350 tables on 1,024 GPUs 1.240 ms, 1.390
+        # with the start last; 800 on 512 2.276 against 2.324), except on up to
+        # FINE_START_RANKS[1] ranks, where it comes last: at 2 s of work 400 tables on
+        # 256 GPUs 2.526 ms with it last or without, 2.692 right after the first start.
+        # Programs of up to FOUR_START_UNITS units search more starts, and on up to
+        # FINE_START_RANKS[0] ranks the start gains nothing for its work (T180 on 128
+        # GPUs at 30 s: 4.156 -> 4.164 ms with it last; T510 on 128 and 32 GPUs the same
+        # plans unlimited, and at 2 s 4.405 -> 4.696 and 12.19 -> 12.95 ms right after
+        # the first start)
         fine = fine_column_start(cm, units, starts[0])
         if fine not in starts and (fine, True) not in runs:
-            runs.insert(1, (fine, True))
+            if len(units) > MULTI_START_UNITS or cm.W > FINE_START_RANKS[1]:
+                runs.insert(1, (fine, True))
+            else:
+                runs.append((fine, True))
     runs += second_looks
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
@@ -1592,6 +1612,7 @@ def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decis
 def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str, Decision]:
     """place_all, splitting rows of a unit that finds no room until everything fits."""
     cm = search.cm
+    replicated: set[str] = set()  # units already tried as dp
     for _ in range(64):
         try:
             search.place_all(decisions)
@@ -1600,6 +1621,7 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
             u = e.unit
             d = decisions[u.name]
             if d.kind == "dp":
+                replicated.add(u.name)
                 sharded = [k for k in u.kinds if k != "dp"]
                 if not sharded:
                     break
@@ -1607,6 +1629,12 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
                 decisions[u.name] = Decision(sharded[0], r, c, search._kind_comm(sharded[0]))
                 continue
             if d.r * 2 > u.max_r:
+                if "dp" in u.kinds and u.name not in replicated:
+                    # no more rows to split: a replica holds no communication buffers, which
+                    # is what a hot table's keys fill on few GPUs
+                    replicated.add(u.name)
+                    decisions[u.name] = Decision("dp")
+                    continue
                 break
             decisions[u.name] = replace(d, r=min(u.max_r, d.r * 2))
     biggest = max(search.units, key=lambda u: unit_bytes(cm, u))
