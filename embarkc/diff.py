@@ -946,7 +946,7 @@ def render_markdown(d: PlanDiff) -> str:
             ],
         )
     if d.ranks_changed:
-        lines += ["", f"### Ranks: {d.ranks_worse} of {d.world_b} got worse", ""]
+        lines += ["", f"### {ranks_title(d)}", ""]
         lines += _md_table(
             ["rank", "time", "change", "memory", "change"],
             [
@@ -973,6 +973,25 @@ def render_markdown(d: PlanDiff) -> str:
         if len(d.spec_changes) > MD_ROWS:
             lines.append(f"- ... {len(d.spec_changes) - MD_ROWS} more")
     return "\n".join(lines) + "\n"
+
+
+def ranks_title(d: PlanDiff) -> str:
+    """The heading of the rank table: how many ranks it lists, of how many, and how each
+    of them changed (the parts add up to the rows listed)."""
+    counts = dict.fromkeys(("worse", "better", "the same to rounding", "only in B", "only in A"), 0)
+    for r in d.ranks_changed:
+        if r.time.a is None:
+            counts["only in B"] += 1
+        elif r.time.b is None:
+            counts["only in A"] += 1
+        elif r.worse:
+            counts["worse"] += 1
+        elif (r.time.delta or 0) < 0 or (r.memory.delta or 0) < 0:
+            counts["better"] += 1
+        else:
+            counts["the same to rounding"] += 1
+    parts = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+    return f"Ranks: {len(d.ranks_changed)} of {max(d.world_a, d.world_b)} changed ({parts})"
 
 
 def _opt(v: int | None) -> str:
@@ -1150,7 +1169,7 @@ def render_terminal(d: PlanDiff, console: Any) -> None:
             )
         console.print(t)
     if d.ranks_changed:
-        t = Table(title=f"Ranks: {d.ranks_worse} of {d.world_b} got worse", title_justify="left")
+        t = Table(title=ranks_title(d), title_justify="left")
         for h in ("rank", "time A", "time B", "memory A", "memory B"):
             t.add_column(h, justify="right")
         for r in d.ranks_changed[:30]:

@@ -147,3 +147,12 @@ def test_json_that_is_no_plan_is_not_parsed_as_a_spec(tmp_path, capsys) -> None:
     assert main(["check", str(other)]) == 2
     err = capsys.readouterr().err
     assert "this is a JSON file, not an embark spec" in err
+
+
+def test_a_missing_plan_file_is_named_as_one(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "nosuch.json", "nosuch.embark"]) == 2
+    err = capsys.readouterr().err
+    assert "nosuch.json: error: no such plan file" in err
+    assert "nosuch.embark: error: no such spec file" in err
+    assert "cannot read spec" not in err

@@ -74,6 +74,7 @@ def build_plan(
             inter_node_bandwidth=2.5e10,
         ),
         batch_size=batch,
+        row_partition="mod",
         tables=ptables,
         features=[
             {"name": f"f_{n}", "table": n, "hotness": 2, "access": {"kind": "uniform"}}
@@ -324,3 +325,18 @@ def test_terminal_output_has_no_colour_codes_when_piped(tmp_path, capsys):
     assert "\x1b[" not in out
     assert out.splitlines()[0].startswith("slower by")
     assert "Tables placed differently" in out and "Migration from a checkpoint of A" in out
+
+
+def test_the_rank_heading_counts_the_rows_it_lists(tmp_path, capsys):
+    """Ranks only one side has are counted as such, not as worse ranks of B."""
+    a = plan_a()
+    grown = build_plan(TABLES_A, PLACE_A, gpus=3)  # 2 more ranks, nothing placed on them
+    d = diff.diff_sides(diff.Side("a", a), diff.Side("b", grown))
+    assert [r.rank for r in d.ranks_changed] == [4, 5]
+    assert diff.ranks_title(d) == "Ranks: 2 of 6 changed (2 only in B)"
+    one = build_plan(TABLES_A, {name: ("dp",) for name in PLACE_A}, nodes=1, gpus=1)
+    d = diff.diff_sides(diff.Side("a", a), diff.Side("b", one))
+    assert len(d.ranks_changed) == 4
+    assert diff.ranks_title(d) == "Ranks: 4 of 4 changed (1 worse, 3 only in A)"
+    assert main(["diff", _write(tmp_path, "a.json", a), _write(tmp_path, "b.json", one)]) == 0
+    assert "Ranks: 4 of 4 changed (1 worse, 3 only in A)" in capsys.readouterr().out

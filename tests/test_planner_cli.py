@@ -178,6 +178,45 @@ def test_explain_of_an_unknown_table_is_a_user_error(capsys):
     assert "no table `itme`" in err and "did you mean `item`" in err
 
 
+def _explain_rows(out: str, table: str) -> list[list[str]]:
+    section = out[out.index(f"explain {table}") :].splitlines()
+    start = next(i for i, line in enumerate(section) if line.split()[:2] == ["kind", "grid"])
+    return [line.split() for line in section[start + 1 :] if not line.startswith("  chosen:")]
+
+
+def test_explain_lists_each_option_once(tmp_path, capsys):
+    """The plan's own option is its `chosen` row, not also an alternative slower by
+    0.000 ms; the same for a dp table."""
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "country"]) == 0
+    out = capsys.readouterr().out
+    rows = _explain_rows(out, "country")
+    options = [tuple(r[:2]) for r in rows]
+    assert len(options) == len(set(options)) and "slower by 0.000 ms" not in out
+    assert f"explain country: {len(rows)} alternatives" in out
+    assert sum(r[-1] == "chosen" for r in rows) == 1
+    text = (
+        Path(TINY).read_text().replace("  seed 0\n", "  seed 0\n  table country { cluster dp }\n")
+    )
+    spec = tmp_path / "dp.embark"
+    spec.write_text(text)
+    assert main(["plan", str(spec), "--solver", "greedy", "--explain", "country"]) == 0
+    rows = _explain_rows(capsys.readouterr().out, "country")
+    assert [r[:2] for r in rows if r[0] == "dp"] == [["dp", "-"]] and rows[0][-1] == "chosen"
+
+
+def test_explain_of_an_empty_name_is_a_user_error(capsys):
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", ""]) == 2
+    err = capsys.readouterr().err
+    assert "--explain needs a table name" in err and "country, item" in err
+
+
+def test_explain_in_the_wrong_case_hints_at_the_table(capsys):
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "ITEM"]) == 2
+    assert "did you mean `item`?" in capsys.readouterr().err
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "ITME"]) == 2
+    assert "did you mean `item`?" in capsys.readouterr().err
+
+
 def test_spec_that_cannot_fit_says_what_would(tmp_path, capsys):
     text = (ROOT / "specs" / "tiny.embark").read_text().replace("hbm 4 MiB", "hbm 1 MiB")
     spec = tmp_path / "small.embark"

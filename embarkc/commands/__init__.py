@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterable
+from pathlib import Path
 
-from embarkc.diagnostics import EmbarkError
+from embarkc.diagnostics import EmbarkError, did_you_mean
 
 
 def check_planner_options(args: argparse.Namespace, path: str) -> None:
@@ -25,3 +27,28 @@ def check_planner_options(args: argparse.Namespace, path: str) -> None:
         raise EmbarkError.at(
             path, f"--seed must be at most {MAX_SEED} (the solver's seeds are 32-bit), got {seed}"
         )
+
+
+def refuse_overwriting_inputs(output: str | Path, inputs: Iterable[str | Path], what: str) -> None:
+    """Raise an EmbarkError, before any work, when the file a command would write
+    (`output`, holding `what`: "the plan", "the report") is one of the files it reads:
+    writing it would lose that input (`embarkc plan x.embark -o x.embark`)."""
+    from embarkc.emit import same_file
+
+    for path in inputs:
+        if same_file(output, path):
+            raise EmbarkError.at(
+                str(output),
+                f"-o names the input {path}: writing {what} there would replace it",
+                hint="give -o another path",
+            )
+
+
+def name_hint(word: str, names: Iterable[str]) -> str | None:
+    """A "did you mean" hint for a misspelt name, also when only its case is wrong
+    (`ITEM` -> `item`)."""
+    names = sorted(names)
+    same = [n for n in names if n.casefold() == word.casefold()]
+    if same:
+        return f"did you mean `{same[0]}`? (names are case-sensitive)"
+    return did_you_mean(word, names) or did_you_mean(word.casefold(), names)

@@ -81,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
     status = EXIT_OK
     for spec in args.specs:
+        if not Path(spec).exists():
+            what = {".json": "plan file", ".embark": "spec file"}.get(Path(spec).suffix, "file")
+            print(EmbarkError.at(spec, f"no such {what}").render(), file=sys.stderr)
+            status = EXIT_USER_ERROR
+            continue
         if Path(spec).suffix != ".embark" and is_plan_file(spec) and Path(spec).is_file():
             try:
                 if args.dump:

@@ -2,8 +2,10 @@
 
 Writes into DIR (through embarkc.emit, the only stage that touches disk): plan.json,
 kernels/*.cu, train.py, launch.sh, README.md and manifest.json. Files whose bytes did not
-change are left alone. `--dump ast|ir|plan` prints that stage's value on stdout and stops
-(no output folder needed).
+change are left alone. A file of DIR that no earlier compile wrote (a user's README.md),
+or the spec itself, is never replaced: the command stops before writing anything.
+`--dump ast|ir|plan` prints that stage's value on stdout and stops (no output folder
+needed).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from embarkc.ir import STRATEGIES
 HELP = "plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder"
 
 SOLVERS = ("greedy", "cp-sat")
+
+TOP_LEVEL_OUTPUTS = ("plan.json", "train.py", "launch.sh", "README.md")
+"""The outputs whose names do not depend on the plan (the kernels' do)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +63,13 @@ def run(args: argparse.Namespace) -> int:
         print(dump_ir(program))
         return 0
 
+    from embarkc.emit import check_overwrites
+
+    inputs = [s.path for s in program.sources]
+    if args.dump is None:
+        # before planning, which can take the whole time limit; emit checks every output
+        check_overwrites(args.output, TOP_LEVEL_OUTPUTS, inputs)
+
     from embark_runtime.plan import dumps_plan
     from embarkc.planner import plan_program, warn_ignored_constraints
 
@@ -85,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             spec=source.path,
             spec_sha256=source.sha256,
             includes=[(s.path, s.sha256) for s in program.sources[1:]],
+            inputs=inputs,
         )
     except OSError as e:
         raise EmbarkError.at(args.output, f"cannot write: {e.strerror or e}") from None

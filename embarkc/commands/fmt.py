@@ -24,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from embarkc.emit import write_output
     from embarkc.format import format_text
     from embarkc.syntax import check_text
 
@@ -37,19 +38,18 @@ def run(args: argparse.Namespace) -> int:
                 raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
             text = check_text(data, spec)
             new = format_text(text, spec)
+            if new == text:
+                continue
+            if args.check:
+                print(f"would reformat {spec}")
+                if status == EXIT_OK:
+                    status = EXIT_FAILURE
+                continue
+            # atomic, and through a link to the file it names (the link stays a link)
+            write_output(path, new.encode("utf-8"), "the formatted spec")
         except EmbarkError as e:
             print(e.render(), file=sys.stderr)
             status = EXIT_USER_ERROR
             continue
-        if new == text:
-            continue
-        if args.check:
-            print(f"would reformat {spec}")
-            if status == EXIT_OK:
-                status = EXIT_FAILURE
-            continue
-        tmp = path.with_name(f".{path.name}.fmt.tmp")
-        tmp.write_text(new, encoding="utf-8")
-        tmp.replace(path)
         print(f"reformatted {spec}")
     return status

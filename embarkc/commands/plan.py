@@ -74,21 +74,34 @@ def run(args: argparse.Namespace) -> int:
     if args.dump == "ir":
         print(dump_ir(program))
         return EXIT_OK
-    if args.explain and args.explain not in program.table_by_name:
-        from embarkc.diagnostics import did_you_mean
+    if args.explain is not None and args.explain not in program.table_by_name:
+        from embarkc.commands import name_hint
 
+        if not args.explain.strip():
+            raise EmbarkError.at(
+                args.spec,
+                "--explain needs a table name",
+                hint="tables: "
+                + ", ".join(t.name for t in program.tables[:10])
+                + (", ..." if len(program.tables) > 10 else ""),
+            )
         raise EmbarkError.at(
             args.spec,
             f"--explain: no table `{args.explain}`",
-            hint=did_you_mean(args.explain, program.table_by_name),
+            hint=name_hint(args.explain, program.table_by_name),
         )
-    if args.output and args.dump is None and Path(args.output).is_dir():
-        # say it before planning (a CP-SAT search can take its whole time limit)
-        raise EmbarkError.at(
-            args.output,
-            "cannot write the plan: it is a folder",
-            hint=f"give -o a file path, e.g. {Path(args.output) / 'plan.json'}",
-        )
+    # say what cannot be written before planning (a CP-SAT search can take its whole time
+    # limit)
+    if args.output and args.dump is None:
+        from embarkc.commands import refuse_overwriting_inputs
+
+        if Path(args.output).is_dir():
+            raise EmbarkError.at(
+                args.output,
+                "cannot write the plan: it is a folder",
+                hint=f"give -o a file path, e.g. {Path(args.output) / 'plan.json'}",
+            )
+        refuse_overwriting_inputs(args.output, [s.path for s in program.sources], "the plan")
     start = time.perf_counter()
     kwargs = dict(
         strategy=args.strategy, solver=args.solver, time_limit=args.time_limit, seed=args.seed
@@ -246,7 +259,7 @@ def _explain(program: Any, plan: Any, table: str) -> None:
 
     cm = CostModel(program)
     layout = layout_of_plan(plan)
-    rows = alternatives(cm, layout, table)
+    rows = _each_option_once(alternatives(cm, layout, table))
     chosen = min(rows, key=lambda r: (not r["chosen"], r["step_time"]))
     print(f"explain {table}: {len(rows)} alternatives (the rest of the plan unchanged)")
     kinds = {_kind(r) for r in rows}
@@ -261,6 +274,18 @@ def _explain(program: Any, plan: Any, table: str) -> None:
             f"{_gib(r['max_memory']):>12}   {r['verdict']}"
         )
     print(f"  chosen: {_kind(chosen)} {chosen['grid']}")
+
+
+def _each_option_once(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` without the alternatives that repeat the plan's own option (same kind,
+    communication and grid, re-placed on the least-loaded ranks): the chosen row stands
+    for that option, so that no option is listed twice."""
+    chosen = {_option(r) for r in rows if r["chosen"]}
+    return [r for r in rows if r["chosen"] or _option(r) not in chosen]
+
+
+def _option(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["kind"], row["communication"], row["grid"])
 
 
 def _kind(row: dict[str, Any]) -> str:

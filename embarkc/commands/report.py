@@ -22,16 +22,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import PlanError
     from embarkc import diff, report
+    from embarkc.commands import refuse_overwriting_inputs
     from embarkc.diagnostics import EXIT_OK, EmbarkError
 
     out = Path(args.output)
     if out.suffix.lower() not in (".html", ".htm", ".png", ".svg"):
         raise EmbarkError.at(args.output, "the output must end in .html, .png or .svg")
+    refuse_overwriting_inputs(out, [args.input], "the report")
     try:
         side = diff.load_side(args.input)
     except PlanError as e:
         raise diff.plan_error_to_embark(e) from None
     program = side.program or diff.program_of_plan(side.plan, side.label)
+    if program is not None:
+        refuse_overwriting_inputs(out, [s.path for s in program.sources], "the report")
     data = report.report_data(side.plan, program, label=args.input)
     report.write_report(data, out)
     print(f"wrote {out}")

@@ -44,6 +44,22 @@ def load_target(args: argparse.Namespace) -> Any:
     if is_plan_file(args.target):
         from embark_runtime.plan import load_plan
 
+        given = [
+            flag
+            for flag, value in (
+                ("--strategy", args.strategy),
+                ("--solver", args.solver),
+                ("--time-limit", args.time_limit),
+            )
+            if value is not None
+        ]
+        if given:
+            print(
+                f"{args.target}: warning: {', '.join(given)} ha{'ve' if len(given) > 1 else 's'} "
+                "no effect on a plan file, which is simulated as it is (they plan a spec: "
+                "give the spec, or re-plan it with `embarkc plan SPEC -o PLAN`)",
+                file=sys.stderr,
+            )
         return load_plan(args.target)
     from embarkc.frontend import load_program
     from embarkc.planner import plan_program, warn_ignored_constraints
