@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from embarkc.diagnostics import EmbarkError
 from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
 from embarkc.planner.types import Kind, column_widths
+from embarkc.units import format_bytes
 
 GIB = float(1 << 30)
 
@@ -221,29 +222,29 @@ def check_fits(cm: CostModel, units: list[Unit]) -> None:
     if dp_pinned > cm.capacity:
         raise EmbarkError.at(
             prog.sources[0].path,
-            f"the tables pinned to dp need {dp_pinned / GIB:.2f} GiB on every GPU, "
-            f"more than the {cm.capacity / GIB:.2f} GiB a GPU has for embeddings",
+            f"the tables pinned to dp need {format_bytes(dp_pinned)} on every GPU, "
+            f"more than the {format_bytes(cm.capacity)} a GPU has for embeddings",
             hint="shard some of them (cluster rb or ub) or lower memory_headroom",
         )
-    if total <= have * 0.97:
+    if total <= have:
+        # whether the cells and every rank's buffers pack is the search's to say
         return
     weights = float(sum(t.rows * t.row_weight_bytes for t in prog.tables))
     state = total - weights
-    gpus = math.ceil(total / (cm.capacity * 0.97))
+    gpus = math.ceil(total / cm.capacity)
     nodes = math.ceil(gpus / cm.G)
-    fixes = [f"{nodes} nodes of {cm.G} GPUs ({gpus} GPUs) instead of {cm.nodes}"]
-    if any(t.dtype == "fp32" for t in prog.tables):
-        fixes.append(
-            f"fp16 weights (saves {sum(t.rows * t.dim * 2 for t in prog.tables if t.dtype == 'fp32') / GIB:.1f} GiB)"
-        )
+    fixes = [f"at least {nodes} nodes of {cm.G} GPUs ({nodes * cm.G} GPUs) instead of {cm.nodes}"]
+    fp32 = sum(t.rows * t.dim * 2 for t in prog.tables if t.dtype == "fp32")
+    if fp32:
+        fixes.append(f"fp16 weights (saves {format_bytes(fp32)})")
     if state > 0:
         fixes.append(
-            f"an optimizer with less state (sgd or rowwise_adagrad; state is {state / GIB:.1f} GiB)"
+            f"an optimizer with less state (sgd or rowwise_adagrad; state is {format_bytes(state)})"
         )
     raise EmbarkError.at(
         prog.sources[0].path,
-        f"the embedding tables need {total / GIB:.1f} GiB ({weights / GIB:.1f} GiB of weights, "
-        f"{state / GIB:.1f} GiB of optimizer state), but {cm.W} GPUs x "
-        f"{cm.capacity / GIB:.1f} GiB hold only {have / GIB:.1f} GiB",
+        f"the embedding tables need {format_bytes(total)} ({format_bytes(weights)} of weights, "
+        f"{format_bytes(state)} of optimizer state), but {cm.W} GPUs x "
+        f"{format_bytes(cm.capacity)} hold only {format_bytes(have)}",
         hint="it would fit with " + "; or ".join(fixes),
     )

@@ -1206,6 +1206,9 @@ def refine(
                 (norm < cur_norm * (1 - 1e-9) or times.max() < ref.times.max() * (1 - 1e-9))
                 and st.critical_path() <= ref.crit_cap * (1 + 1e-9)
                 and float(st.key_seconds().max()) <= ref.key_cap * (1 + 1e-9)
+                # the model's memory rows leave out the hierarchical ub aggregators'
+                # buffers (on the owners' rail peers): the full model has the last word
+                and float(st.memory().max()) <= cm.capacity
             ):
                 better = True
                 ref.accept(free_units, chosen, st, times)

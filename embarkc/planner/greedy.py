@@ -1186,12 +1186,15 @@ def _greedy(
     max_iterations: int | None,
     start_work: float,
     runs_until: float = math.inf,
+    flat_ub: bool = False,
 ) -> GreedyResult:
-    """`greedy`, its later starts only while the work stays below `runs_until`."""
+    """`greedy`, its later starts only while the work stays below `runs_until`;
+    `flat_ub`: every ub unit flat (the search again when every plan of its hierarchical
+    ub overran a rank with its aggregators' buffers)."""
     units = units_of(cm)
     check_fits(cm, units)
     known: dict[str, dict[str, str]] = {}
-    ub_comm, other = _ub_worlds(cm, units, known)
+    ub_comm, other = ("flat", None) if flat_ub else _ub_worlds(cm, units, known)
     kinds = known.get(ub_comm) or initial_kinds(cm, units, ub_comm=ub_comm)
     # planning time: large programs whose keys hide search the column starts only
     columns_only = cm.key_window > 0 and len(units) > FOUR_START_UNITS and cm.W > COLUMN_ONLY_RANKS
@@ -1275,7 +1278,7 @@ def _greedy(
     runs += second_looks
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
-    stopped = first_cut = False
+    stopped = first_cut = overran = False
     deadline = cm.work_deadline
     for i, (decisions, exact_ref) in enumerate(runs):
         if i > 0 and best is not None and work_seconds(cm) >= runs_until:
@@ -1293,6 +1296,10 @@ def _greedy(
                 raise
             continue
         found = _descend(search, limit)
+        if not fits_exactly(cm, found[1]):
+            # the aggregators' buffers of its hierarchical ub overran a rank
+            overran = True
+            continue
         if best is None:
             # the first start that fits (its descent had the whole budget)
             first_cut = work_seconds(cm) >= deadline
@@ -1301,7 +1308,16 @@ def _greedy(
         if best is None or found[0] < best[0] * (1 - 1e-9):
             best = found
     cm.work_deadline = deadline
-    assert best is not None
+    auto = cm.program.options.communication == "auto"
+    if best is None and overran and auto and not flat_ub:
+        return _greedy(cm, progress, max_iterations, start_work, runs_until, flat_ub=True)
+    if best is None:
+        raise EmbarkError.at(
+            cm.program.sources[0].path,
+            f"no placement fits in {cm.W} GPUs of {format_bytes(cm.capacity)}: the "
+            "buffers of the hierarchical ub aggregators overrun a GPU in every plan found",
+            hint="plan with `communication flat` (or auto), lower memory_headroom, or add GPUs",
+        )
     best = (cm.step_time(best[1]), best[1], best[2])  # from scratch: no drift of the sums
     if cm.W > 1 and (len(units) <= FOUR_START_UNITS or cm.W <= COLUMN_ONLY_RANKS):
         best = _rebalanced(cm, units, progress, best)
@@ -1341,9 +1357,22 @@ def _rebalanced(
                 search.rebalance(evals, first=first)
         layout = dict(search.layout)
         t = cm.step_time(layout)
-        if t < out[0] * (1 - 1e-9):
+        if t < out[0] * (1 - 1e-9) and fits_exactly(cm, layout):
             out = (t, layout, dict(search.decisions))
     return out
+
+
+def fits_exactly(cm: CostModel, layout: Layout) -> bool:
+    """Whether every rank of `layout` holds its weights, state and buffers by the full
+    model. The search's own room checks count every buffer but the hierarchical ub
+    aggregators' (on the owner's rail peers of the other nodes, which a cell's placement
+    fills without looking at them); this is the check that catches them. Without them
+    the room checks are exact, and the layout fits without being costed again."""
+    if cm.nodes == 1 or not any(
+        p.kind == "ub" and p.communication == "hierarchical" for p in layout.values()
+    ):
+        return True
+    return float(cm.layout_state(layout).memory().max()) <= cm.capacity
 
 
 def decision_of(p: Placement) -> Decision:
@@ -1381,7 +1410,11 @@ def balanced_phases(
         )
         decisions = dict(search.decisions)
         st = cm.layout_state(search.layout)
-        if st.step_time() > before_step or st.critical_path() >= crit * (1 - 1e-9):
+        if (
+            st.step_time() > before_step
+            or st.critical_path() >= crit * (1 - 1e-9)
+            or float(st.memory().max()) > cm.capacity
+        ):
             break
         out = dict(search.layout)
         gain = 1.0 - st.critical_path() / crit
