@@ -491,7 +491,7 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
 
 def _own_rules(plan: Plan, path: str) -> None:
     """What embarkc's readers need of a plan beyond the contract's rules (docs/plan.md,
-    "Rules of our own"): the global batch splits evenly over the ranks (the trainer and
+    "Checking a plan"): the global batch splits evenly over the ranks (the trainer and
     the simulator give every rank the same number of samples), and the estimate speaks of
     the plan's ranks, each once."""
     world = plan.world_size
