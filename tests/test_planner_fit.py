@@ -72,3 +72,25 @@ tables t[0..3] { rows 312_500 dim 32 optimizer sgd hotness 1 access uniform }
     plan = plan_program(program, solver="greedy", time_limit=2)
     assert validate_plan(program, plan) == []
     assert max(plan.memory_by_rank()) <= 20_400_000
+
+
+def test_a_colocate_group_the_planner_cannot_form_is_reported_at_its_line() -> None:
+    import pytest
+
+    from embarkc.diagnostics import EmbarkError
+
+    spec = """hardware { preset dgx_h100 nodes 1 }
+model { batch 64 }
+tables t[0..2] { rows 1000 dim 16 hotness 1 }
+plan {
+  colocate t0, t1
+  table t0 { cluster rb }
+  table t1 { cluster ub }
+}
+"""
+    program = load_program_text(spec, "colo.embark")
+    with pytest.raises(EmbarkError) as e:
+        plan_program(program, solver="greedy", time_limit=1)
+    (d,) = e.value.diagnostics
+    assert "colocated but pinned to different clusters" in d.message
+    assert (d.span.file, d.span.line, d.span.col) == ("colo.embark", 5, 3)

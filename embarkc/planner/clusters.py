@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from embarkc.diagnostics import EmbarkError
+from embarkc.diagnostics import Diagnostic, EmbarkError
+from embarkc.ir import Program
 from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
 from embarkc.planner.types import Kind, column_widths
 from embarkc.units import format_bytes
@@ -36,6 +37,18 @@ class Unit:
     @property
     def name(self) -> str:
         return self.tables[0]
+
+
+def _unit_error(
+    prog: Program, names: tuple[str, ...], message: str, hint: str | None = None
+) -> EmbarkError:
+    """An EmbarkError about the constraints of the unit `names`, at the colocate group that
+    joins them (or the first of their constraints) when the spec says where."""
+    spans = [c.span for c in prog.colocate if set(c.tables) & set(names) and c.span]
+    spans += [c.span for n in names if (c := prog.constraint_of.get(n)) is not None and c.span]
+    if not spans:
+        return EmbarkError.at(prog.sources[0].path, message, hint=hint)
+    return EmbarkError(Diagnostic(message, spans[0].to_span(), hint))
 
 
 def units_of(cm: CostModel) -> list[Unit]:
@@ -80,23 +93,26 @@ def units_of(cm: CostModel) -> list[Unit]:
         if within and cm.nodes > 1:
             # a dp table lives on every rank, so on several nodes it is never within one
             if kinds == {"dp"}:
-                raise EmbarkError.at(
-                    prog.sources[0].path,
+                raise _unit_error(
+                    prog,
+                    names,
                     f"{', '.join(names)}: cluster dp puts a table on every node, which "
                     "contradicts within_node",
                     hint="drop within_node or pin the table to rb or ub",
                 )
             kinds.discard("dp")
         if not kinds:
-            raise EmbarkError.at(
-                prog.sources[0].path,
+            raise _unit_error(
+                prog,
+                names,
                 f"tables {', '.join(names)} are colocated but pinned to different clusters",
                 hint="the planner places a colocate group as one unit of one cluster kind; "
                 "pin them to the same kind or drop the colocate",
             )
         if min_r > max_r or min_c > max_c:
-            raise EmbarkError.at(
-                prog.sources[0].path,
+            raise _unit_error(
+                prog,
+                names,
                 f"the shard bounds of {', '.join(names)} contradict each other "
                 f"(rows {min_r}..{max_r}, columns {min_c}..{max_c} in multiples of 4)",
             )
