@@ -90,6 +90,7 @@ from embark_runtime.plan import DTYPE_BYTES, Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
 from embarkc.dense import DenseShape, prefetch_window
 from embarkc.planner import constants as C
+from embarkc.units import format_bytes
 
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
 """Components of a rank's step time, as in the plan's estimate."""
@@ -848,8 +849,8 @@ def _check_sampling_memory(plan: Plan, available: int | None = None) -> None:
     if available is not None and need > available:
         raise ValueError(
             f"a sampled batch of table `{table}` holds up to {ids[table]:,} ids (global batch "
-            f"{plan.batch_size:,} x its features' bags), about {need / 2**30:,.1f} GiB to "
-            f"count, and this machine has {available / 2**30:,.1f} GiB available: simulate "
+            f"{plan.batch_size:,} x its features' bags), about {format_bytes(need)} to "
+            f"count, and this machine has {format_bytes(available)} available: simulate "
             "on a machine with more memory, or a spec with a smaller batch or hotness (the "
             "plan's own estimate needs no sampling: `embarkc check` prints it)"
         )

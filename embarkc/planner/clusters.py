@@ -18,8 +18,6 @@ from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
 from embarkc.planner.types import Kind, column_widths
 from embarkc.units import format_bytes
 
-GIB = float(1 << 30)
-
 
 @dataclass(frozen=True)
 class Unit:

@@ -1157,8 +1157,8 @@ def greedy(
     (`bound_start`) and, when the keys hide, their column starts; programs of more than
     MULTI_START_UNITS units, and those of more than FOUR_START_UNITS on more than
     FINE_START_RANKS[0] ranks, the column-wise strategy's grids (`fine_column_start`),
-    right after their first start (after the others on up to FINE_START_RANKS[1] ranks). The fastest result is
-    rebalanced cell by cell (`Search.rebalance`): on
+    right after their first start (after the others on up to FINE_START_RANKS[1] ranks).
+    The fastest result is rebalanced cell by cell (`Search.rebalance`): on
     programs of up to FOUR_START_UNITS units by the best move of all, then on those and on
     larger programs on up to COLUMN_ONLY_RANKS ranks by the first cell's best move. Last,
     every program's critical path is lowered without raising its step time
