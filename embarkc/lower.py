@@ -1380,6 +1380,30 @@ class Lowerer:
                 span,
                 "pin fewer or smaller tables to `dp`",
             )
+            return
+        # a dp table takes its bytes on every GPU: the others share what the copies leave
+        rest = total - dp_bytes
+        left = per_gpu - dp_bytes
+        if dp and rest > left * topo.world_size:
+            biggest = max(dp, key=lambda t: t.bytes)
+            names = ", ".join(f"`{t.name}`" for t in dp[:3]) + (", ..." if len(dp) > 3 else "")
+            fixes = [
+                f"pin fewer tables to `dp` (sharding `{biggest.name}` frees "
+                f"{format_bytes(biggest.bytes)} on every GPU)"
+            ]
+            if left > 0:
+                need_nodes = math.ceil(rest / (left * topo.gpus_per_node))
+                if need_nodes <= ir.LIMITS["nodes"]:
+                    fixes.append(f"use at least {_nodes(need_nodes)}")
+            pin = next(c for c in constraints if c.cluster == "dp" and c.table == biggest.name)
+            self.error(
+                f"the tables pinned to `dp` ({names}) take {format_bytes(dp_bytes)} on every "
+                f"GPU, which leaves {format_bytes(left)} on each of the {topo.world_size:,} "
+                f"GPUs ({format_bytes(left * topo.world_size)} in all) for the other tables; "
+                f"they need {format_bytes(rest)}",
+                pin.span.to_span() if pin.span is not None else span,
+                ", or ".join(fixes),
+            )
 
 
 def _nodes(n: int) -> str:

@@ -156,3 +156,24 @@ def test_a_missing_plan_file_is_named_as_one(tmp_path, monkeypatch, capsys) -> N
     assert "nosuch.json: error: no such plan file" in err
     assert "nosuch.embark: error: no such spec file" in err
     assert "cannot read spec" not in err
+
+
+def test_memory_use_counts_a_dp_pinned_table_on_every_gpu(tmp_path, capsys) -> None:
+    """A table pinned to dp has a copy on each GPU: 2 GPUs of 300 KiB, a 125 KiB dp table
+    and a 37.1 KiB sharded one use 287.1 KiB, not the 162.1 KiB of one copy of each."""
+    spec = tmp_path / "dp.embark"
+    spec.write_text(
+        "hardware { nodes 1 gpus_per_node 2 hbm 300 KiB hbm_bandwidth 100 GB/s nvlink 50 GB/s"
+        " network 10 Gb/s arch sm_80 }\n"
+        "table t0 { rows 1000 dim 32 optimizer sgd { lr 0.05 } hotness 1 }\n"
+        "table t1 { rows 257 dim 12 optimizer adam { lr 0.1 } hotness 2 }\n"
+        "model { batch 16 dense_features 0 bottom_mlp [] interaction dot top_mlp [1] }\n"
+        "plan { table t0 { cluster dp } }\n"
+    )
+    assert main(["check", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "with optimizer state  162.1 KiB" in out
+    assert (
+        "memory use            47.9% of 600.0 KiB (312.9 KiB headroom; the 1 table pinned "
+        "to dp counted on every GPU)" in out
+    )

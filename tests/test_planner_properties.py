@@ -268,3 +268,26 @@ def test_every_ranks_buffers_count_against_its_memory():
     roomy = program(2 * hbm)
     plan = plan_program(roomy, solver="greedy", baselines=False)
     _check_invariants(roomy, plan)
+
+
+def test_a_refusal_counts_the_replicated_tables_on_every_gpu() -> None:
+    """t0 pinned to dp takes 128.1 KiB (weights and buffers) on each of the 2 GPUs of
+    300 KiB; t1 (175 KiB) may not be split, so it finds no GPU with room. The message names
+    the dp copies and does not call t0 the largest table group."""
+    from embarkc.frontend import load_program_text
+
+    program = load_program_text(
+        "hardware { nodes 1 gpus_per_node 2 hbm 300 KiB hbm_bandwidth 100 GB/s nvlink 50 GB/s"
+        " network 10 Gb/s arch sm_80 }\n"
+        "table t0 { rows 1000 dim 32 optimizer sgd { lr 0.05 } hotness 1 }\n"
+        "table t1 { rows 1400 dim 32 optimizer sgd { lr 0.1 } hotness 2 }\n"
+        "model { batch 16 dense_features 0 bottom_mlp [] interaction dot top_mlp [1] }\n"
+        "plan { table t0 { cluster dp } table t1 { row_shards 1 column_shards 1 } }\n",
+        "dp.embark",
+    )
+    with pytest.raises(EmbarkError) as e:
+        plan_program(program, solver="greedy", baselines=False)
+    msg = str(e.value)
+    assert "the largest sharded table group (t1) needs 175.0 KiB" in msg
+    assert "the replicated (dp) tables (t0) take 128.1 KiB on every GPU" in msg
+    assert "shard a dp table (cluster rb or ub)" in msg

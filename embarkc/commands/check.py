@@ -54,6 +54,18 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
         if program.options.memory_headroom
         else ""
     )
+    # a table pinned to dp has a copy on every GPU
+    dp = [
+        t
+        for t in program.tables
+        if (c := program.constraint_of.get(t.name)) is not None and c.cluster == "dp"
+    ]
+    used = total + (gpus - 1) * sum(t.bytes for t in dp)
+    copies = (
+        f"; the {len(dp)} table{'s' if len(dp) != 1 else ''} pinned to dp counted on every GPU"
+        if dp and gpus > 1
+        else ""
+    )
     return [
         (
             "GPUs",
@@ -69,8 +81,8 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
         ("batch", f"{program.batch_size:,} ({program.batch_size // gpus:,} per GPU)"),
         (
             "memory use",
-            f"{100 * total / capacity:.1f}% of {format_bytes(capacity)} "
-            f"({format_bytes(capacity - total)} headroom)",
+            f"{100 * used / capacity:.1f}% of {format_bytes(capacity)} "
+            f"({format_bytes(capacity - used)} headroom{copies})",
         ),
     ]
 

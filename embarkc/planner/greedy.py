@@ -1677,14 +1677,25 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
                     continue
                 break
             decisions[u.name] = replace(d, r=min(u.max_r, d.r * 2))
-    biggest = max(search.units, key=lambda u: unit_bytes(cm, u))
-    total = sum(unit_bytes(cm, u) for u in search.units)
+    dp = [u for u in search.units if decisions[u.name].kind == "dp"]
+    spread = [u for u in search.units if decisions[u.name].kind != "dp"] or search.units
+    biggest = max(spread, key=lambda u: unit_bytes(cm, u))
+    total = sum(unit_bytes(cm, u) for u in spread)
+    copies = ""
+    if dp:
+        names = ", ".join(t for u in dp for t in u.tables[:3])
+        copies = (
+            f"; the replicated (dp) tables ({names}) take "
+            f"{format_bytes(sum(dp_bytes(cm, u) for u in dp))} on every GPU"
+        )
     raise EmbarkError.at(
         cm.program.sources[0].path,
         f"no placement fits in {cm.W} GPU{'s' if cm.W != 1 else ''} of "
-        f"{format_bytes(cm.capacity)}: the largest table group "
+        f"{format_bytes(cm.capacity)}: the largest sharded table group "
         f"({', '.join(biggest.tables[:3])}) needs {format_bytes(unit_bytes(cm, biggest))}, "
-        f"all tables {format_bytes(total)} ({format_bytes(total / cm.W)} per GPU), and the "
-        "shard constraints or the communication buffers every GPU holds leave no room",
-        hint="allow more row shards, lower memory_headroom, or add GPUs",
+        f"the sharded tables {format_bytes(total)} ({format_bytes(total / cm.W)} per GPU)"
+        f"{copies}, and the shard constraints or the communication buffers every GPU holds "
+        "leave no room",
+        hint=("shard a dp table (cluster rb or ub), " if dp else "")
+        + "allow more row shards, lower memory_headroom, or add GPUs",
     )
