@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except EmbarkError as e:
-        print(e.render(), file=sys.stderr)
+        print(e.render_with_files(), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("embarkc: interrupted", file=sys.stderr)

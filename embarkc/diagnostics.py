@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -96,6 +97,18 @@ class EmbarkError(Exception):
     def at(path: str, message: str, hint: str | None = None) -> EmbarkError:
         """An error about a whole file (no line), e.g. a corrupt plan."""
         return EmbarkError(Diagnostic(message, Span.of_file(path), hint))
+
+    def render_with_files(self) -> str:
+        """`render`, with the caret lines of diagnostics whose file text the error does not
+        carry (errors raised after lowering, by the planner) read from disk when possible."""
+        for d in self.diagnostics:
+            f = d.span.file
+            if d.span.line > 0 and f not in self.sources:
+                try:
+                    self.sources[f] = Path(f).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError, ValueError):
+                    continue
+        return self.render()
 
     def render(self) -> str:
         body = "\n".join(d.render(self.sources) for d in self.diagnostics)

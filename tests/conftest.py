@@ -39,6 +39,14 @@ def load_module(path: Path, name: str | None = None) -> ModuleType:
     return mod
 
 
+def small_hardware(gpus_per_node: int, hbm: str) -> str:
+    """The hardware line of one node of small made-up GPUs, for specs tests write inline."""
+    return (
+        f"hardware {{ nodes 1 gpus_per_node {gpus_per_node} hbm {hbm} hbm_bandwidth 100 GB/s"
+        " nvlink 50 GB/s network 10 Gb/s arch sm_80 }\n"
+    )
+
+
 def keys_in_full(program):  # type: ignore[no-untyped-def]
     """`program` on hardware without a dense rate (`dense_flops 0`): no key time hides
     under the dense compute, the cost model the planner had before the window. Tests of

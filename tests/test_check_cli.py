@@ -11,6 +11,7 @@ import pytest
 
 from embark_runtime.plan import load_plan
 from embarkc.cli import main
+from tests.conftest import small_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "specs" / "tiny.embark"
@@ -163,9 +164,8 @@ def test_memory_use_counts_a_dp_pinned_table_on_every_gpu(tmp_path, capsys) -> N
     and a 37.1 KiB sharded one use 287.1 KiB, not the 162.1 KiB of one copy of each."""
     spec = tmp_path / "dp.embark"
     spec.write_text(
-        "hardware { nodes 1 gpus_per_node 2 hbm 300 KiB hbm_bandwidth 100 GB/s nvlink 50 GB/s"
-        " network 10 Gb/s arch sm_80 }\n"
-        "table t0 { rows 1000 dim 32 optimizer sgd { lr 0.05 } hotness 1 }\n"
+        small_hardware(2, "300 KiB")
+        + "table t0 { rows 1000 dim 32 optimizer sgd { lr 0.05 } hotness 1 }\n"
         "table t1 { rows 257 dim 12 optimizer adam { lr 0.1 } hotness 2 }\n"
         "model { batch 16 dense_features 0 bottom_mlp [] interaction dot top_mlp [1] }\n"
         "plan { table t0 { cluster dp } }\n"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from embark_runtime.plan import load_plan
 from embarkc.cli import main
+from tests.conftest import small_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "specs" / "tiny.embark")
@@ -346,3 +347,23 @@ def test_a_plan_command_that_took_longer_than_its_limit_warns(tmp_path, capsys, 
     clock(100.0, 107.5)
     assert main(["plan", TINY, "--strategy", "row-wise", "--time-limit", "5"]) == 0
     assert "warning: planning took" not in capsys.readouterr().err
+
+
+def test_contradicting_bounds_of_a_colocate_group_say_which_table_set_each(tmp_path, capsys):
+    """Each table's bounds are fine alone; joined they leave no grid. The error, raised by
+    the planner after lowering, still shows the colocate line with its caret."""
+    spec = tmp_path / "colo.embark"
+    spec.write_text(
+        small_hardware(8, "1 GiB") + "defaults { hotness 1 }\n"
+        "table t1 { rows 1000 dim 32 }\n"
+        "table t2 { rows 2 dim 8 optimizer rowwise_adagrad }\n"
+        "model { batch 16 }\n"
+        "plan { table t1 { row_shards 3 column_shards 2 } colocate t1, t2 }\n"
+    )
+    assert main(["plan", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:6:50: error: the shard bounds of t1, t2 contradict each other: " in err
+    assert "t1 asks for at least 3 row shards, t2 (2 rows) allows at most 2" in err
+    assert "t1 asks for at least 2 column shards, t2 (rowwise_adagrad) allows at most 1" in err
+    assert "  6 | plan { table t1 { row_shards 3 column_shards 2 } colocate t1, t2 }" in err
+    assert "hint: a colocate group shares one grid" in err

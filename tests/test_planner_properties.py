@@ -24,7 +24,7 @@ from embarkc.ir import (
 from embarkc.planner import plan_program
 from embarkc.planner.baselines import FIXED
 from embarkc.planner.cost import CostModel, layout_of_plan
-from tests.conftest import SHARED
+from tests.conftest import SHARED, small_hardware
 
 
 @st.composite
@@ -277,9 +277,8 @@ def test_a_refusal_counts_the_replicated_tables_on_every_gpu() -> None:
     from embarkc.frontend import load_program_text
 
     program = load_program_text(
-        "hardware { nodes 1 gpus_per_node 2 hbm 300 KiB hbm_bandwidth 100 GB/s nvlink 50 GB/s"
-        " network 10 Gb/s arch sm_80 }\n"
-        "table t0 { rows 1000 dim 32 optimizer sgd { lr 0.05 } hotness 1 }\n"
+        small_hardware(2, "300 KiB")
+        + "table t0 { rows 1000 dim 32 optimizer sgd { lr 0.05 } hotness 1 }\n"
         "table t1 { rows 1400 dim 32 optimizer sgd { lr 0.1 } hotness 2 }\n"
         "model { batch 16 dense_features 0 bottom_mlp [] interaction dot top_mlp [1] }\n"
         "plan { table t0 { cluster dp } table t1 { row_shards 1 column_shards 1 } }\n",

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                     )
                 _check_plan_file(spec)
             except EmbarkError as e:
-                print(e.render(), file=sys.stderr)
+                print(e.render_with_files(), file=sys.stderr)
                 status = EXIT_USER_ERROR
             except PlanError as e:
                 print(str(e), file=sys.stderr)

@@ -70,23 +70,29 @@ def units_of(cm: CostModel) -> list[Unit]:
         seen.update(names)
         kinds: set[str] = {"dp", "rb", "ub"}
         min_r, max_r, min_c, max_c, within = 1, max(cm.W, 1) * 64, 1, 1 << 30, False
+        # what set each bound, for the message when they contradict
+        why = {"min_r": "", "max_r": "the planner (64 per GPU)", "min_c": "", "max_c": ""}
         for n in names:
             tab = prog.table_by_name[n]
             c = prog.constraint_of.get(n)
-            max_c = min(max_c, max(1, tab.dim // 4))
-            if tab.optimizer.kind == "rowwise_adagrad":
-                max_c = 1
-            max_r = min(max_r, tab.rows)
+            if max(1, tab.dim // 4) < max_c:
+                max_c, why["max_c"] = max(1, tab.dim // 4), f"{n} (dim {tab.dim})"
+            if tab.optimizer.kind == "rowwise_adagrad" and max_c > 1:
+                max_c, why["max_c"] = 1, f"{n} (rowwise_adagrad)"
+            if tab.rows < max_r:
+                max_r, why["max_r"] = tab.rows, f"{n} ({tab.rows:,} rows)"
             if c is None:
                 continue
             if c.cluster is not None:
                 kinds &= {c.cluster}
-            min_r = max(min_r, c.min_row_shards)
-            if c.max_row_shards is not None:
-                max_r = min(max_r, c.max_row_shards)
-            min_c = max(min_c, c.min_column_shards)
-            if c.max_column_shards is not None:
-                max_c = min(max_c, c.max_column_shards)
+            if c.min_row_shards > min_r:
+                min_r, why["min_r"] = c.min_row_shards, n
+            if c.max_row_shards is not None and c.max_row_shards < max_r:
+                max_r, why["max_r"] = c.max_row_shards, n
+            if c.min_column_shards > min_c:
+                min_c, why["min_c"] = c.min_column_shards, n
+            if c.max_column_shards is not None and c.max_column_shards < max_c:
+                max_c, why["max_c"] = c.max_column_shards, n
             within = within or c.within_node
         if within and cm.nodes > 1:
             # a dp table lives on every rank, so on several nodes it is never within one
@@ -108,11 +114,24 @@ def units_of(cm: CostModel) -> list[Unit]:
                 "pin them to the same kind or drop the colocate",
             )
         if min_r > max_r or min_c > max_c:
+            what = []
+            if min_r > max_r:
+                what.append(
+                    f"{why['min_r']} asks for at least {min_r} row shards, "
+                    f"{why['max_r']} allows at most {max_r}"
+                )
+            if min_c > max_c:
+                what.append(
+                    f"{why['min_c']} asks for at least {min_c} column shards, "
+                    f"{why['max_c']} allows at most {max_c}"
+                )
             raise _unit_error(
                 prog,
                 names,
-                f"the shard bounds of {', '.join(names)} contradict each other "
-                f"(rows {min_r}..{max_r}, columns {min_c}..{max_c} in multiples of 4)",
+                f"the shard bounds of {', '.join(names)} contradict each other: " + "; ".join(what),
+                hint="a colocate group shares one grid: relax the bounds or drop the colocate"
+                if len(names) > 1
+                else None,
             )
         if "dp" in kinds and (min_r > 1 or min_c > 1):
             kinds.discard("dp")
