@@ -153,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"warning: planning took {took:.1f} s, more than the {limit:g} s time limit: "
             f"reading the spec, placing each of its {len(program.tables)} tables once and "
-            "the bound take that long whatever the limit, or this machine is slower than "
-            "the one the planner's work counts were measured on",
+            "the bound take that long whatever the limit, and the search's budget is a count "
+            "of its work (the same plan on any machine), which takes longer on a busy or "
+            "slower machine, or when tables are cut into many cells each",
             file=sys.stderr,
         )
     return EXIT_OK
