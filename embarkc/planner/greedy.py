@@ -1726,8 +1726,8 @@ FINE_CELL_SHARE = 1 / 32
 are this small against a GPU, or once a split no longer makes them a quarter smaller (their
 communication buffers do not shrink with the rows): finer cells then pack no better, and
 what is short is room itself. Without the rule a unit went on doubling its row shards up
-to 64 per rank: 12 tables of 1 GB pinned to one node each on 4 x 8 GPUs of 396 MB, 97 %
-full, made 12,288 cells a table and took 33 s at a 3 s limit to find that they do not
+to 64 per rank: 12 tables of 1 GB kept on one node each (hierarchical rb) on 4 x 8 GPUs
+of 396 MB, 97 % full, made 12,288 cells a table and took 33 s at a 3 s limit to find that they do not
 fit."""
 
 
@@ -1774,7 +1774,8 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
     total = sum(unit_bytes(cm, u) for u in spread)
     copies = ""
     if dp:
-        names = ", ".join(t for u in dp for t in u.tables[:3])
+        tables = [t for u in dp for t in u.tables]
+        names = ", ".join(tables[:3]) + (", ..." if len(tables) > 3 else "")
         copies = (
             f"; the replicated (dp) tables ({names}) take "
             f"{format_bytes(sum(dp_bytes(cm, u) for u in dp))} on every GPU"
