@@ -14,9 +14,12 @@ names its spec forever.
 from __future__ import annotations
 
 import random
+from typing import get_args
+
+from embarkc.ir import STRATEGIES, OptimizerKind
 
 TOPOLOGIES = ((1, 2), (1, 4), (2, 2))
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+OPTIMIZERS = get_args(OptimizerKind)
 STATE_PER_ROW = {"sgd": lambda d: 0, "adagrad": lambda d: d, "rowwise_adagrad": lambda d: 1}
 STATE_PER_ROW["adam"] = lambda d: 2 * d + 1
 ROW_CHOICES = (1, 2, 3, 5, 7, 10, 33, 100, 257, 1000, 3001)
@@ -123,19 +126,7 @@ def random_spec(seed: int) -> str:
         plan.append("row_partition range")
     plan.append(f"communication {rng.choice(('auto', 'flat', 'hierarchical'))}")
     if rng.random() < 0.15:
-        plan.append(
-            "strategy "
-            + rng.choice(
-                (
-                    "greedy",
-                    "table-wise",
-                    "row-wise",
-                    "column-wise",
-                    "table-row-wise",
-                    "data-parallel",
-                )
-            )
-        )
+        plan.append(f"strategy {rng.choice(STRATEGIES[1:])}")
     if rng.random() < 0.1:
         plan.append("objective memory")
     if rng.random() < 0.1:

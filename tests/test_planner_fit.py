@@ -127,7 +127,7 @@ def test_a_start_that_cannot_fit_stops_splitting_once_its_cells_are_fine(monkeyp
     plan = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 32
     assert validate_plan(program, plan) == []
-    monkeypatch.setattr(greedy_mod, "_split_helps", lambda cm, u, d: True)
+    monkeypatch.setattr(greedy_mod, "_split_helps", lambda search, u, d: True)
     tried.clear()
     old = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 256

@@ -297,19 +297,17 @@ def _assign_heaps(
     load_c: np.ndarray,
     mem_c: np.ndarray,
     ref: np.ndarray,
-) -> np.ndarray | None:
-    """`Search._assign`'s ranks for the cells in `order`, in that order, and `ref` updated
-    as it updates it, without its numpy calls per cell; raises _Full when a cell finds no
-    rank with room (nothing changed), None when `ref` is not finite. Each cell goes
-    to the allowed rank with room of least `ref` (ties to the lower rank), among the ranks
-    no cell of the unit holds yet when one of those has room: two heaps of (ref, rank),
-    the ranks without room for the cell set aside and put back after it (dropped when
-    they have none for the smallest cell still to place). Planning time:
-    units of hundreds of cells spent most of a search in that loop (12 tables on 128
-    GPUs at 90 % of their memory: 1.6 million numpy calls, 25 of 32 s)."""
+) -> np.ndarray:
+    """The ranks of `Search._assign` for the cells in `order`, in that order, with `ref`
+    updated by what they add; raises _Full, changing nothing, when a cell finds no rank
+    with room. Each cell goes to the allowed rank with room of least `ref` (ties to the
+    lower rank), among the ranks no cell of the unit holds yet when one of those has room:
+    two heaps of (ref, rank), the ranks without room for the cell set aside and put back
+    after it (dropped when they have none for the smallest cell still to place). Planning
+    time: a loop of numpy calls over all ranks per cell, which this replaced, took most
+    of the search on units of hundreds of cells (12 tables on 128 GPUs at 90 % of their
+    memory: 1.6 million numpy calls, 25 of 32 s)."""
     cand = np.flatnonzero(allowed)
-    if len(cand) == 0 or not np.isfinite(ref[cand]).all():
-        return None
     times = ref.tolist()
     held = mem.tolist()
     fresh = [(times[a], a) for a in cand.tolist()]  # sorted: a valid heap as it is
@@ -495,8 +493,6 @@ class Search:
         """Ranks for the unit's cells in `order`; `uniform`: bytes the unit puts on every
         rank besides its cells (the requesters' communication buffers)."""
         cm = self.cm
-        ranks = np.full(len(load_c), -1, dtype=np.int64)
-        used = np.zeros(cm.W, dtype=bool)
         allowed = np.ones(cm.W, dtype=bool)
         free = cm.capacity - self.uniform_mem - uniform
         # rank times of the exact model without this unit (or the owner loads alone, in
@@ -525,31 +521,14 @@ class Search:
             elif u.within_node:
                 raise NoRoom(u)
         try:
-            fast = _assign_heaps(self.mem, free, allowed, order, load_c, mem_c, ref)
+            placed = _assign_heaps(self.mem, free, allowed, order, load_c, mem_c, ref)
         except _Full:
             raise NoRoom(u) from None
-        if fast is not None:
-            ranks[order] = fast
-            # in placement order, as the loop below adds them (the same sums to the bit)
-            np.add.at(self.loads, fast, load_c[order])
-            np.add.at(self.mem, fast, mem_c[order])
-            return ranks
-        for idx in order:
-            room = allowed & (self.mem + mem_c[idx] <= free)
-            fresh = room & ~used
-            cand = fresh if fresh.any() else room
-            if not cand.any():
-                # undo the cells placed so far before reporting
-                done = ranks >= 0
-                np.add.at(self.loads, ranks[done], -load_c[done])
-                np.add.at(self.mem, ranks[done], -mem_c[done])
-                raise NoRoom(u)
-            a = int(np.argmin(np.where(cand, ref, np.inf)))
-            ref[a] += load_c[idx]
-            ranks[idx] = a
-            used[a] = True
-            self.loads[a] += load_c[idx]
-            self.mem[a] += mem_c[idx]
+        ranks = np.empty(len(load_c), dtype=np.int64)
+        ranks[order] = placed
+        # in placement order, as one cell at a time would add them (the same sums to the bit)
+        np.add.at(self.loads, placed, load_c[order])
+        np.add.at(self.mem, placed, mem_c[order])
         return ranks
 
     def place_all(self, decisions: dict[str, Decision]) -> None:
@@ -1731,13 +1710,14 @@ of 396 MB, 97 % full, made 12,288 cells a table and took 33 s at a 3 s limit to 
 fit."""
 
 
-def _split_helps(cm: CostModel, u: Unit, d: Decision) -> bool:
+def _split_helps(search: Search, u: Unit, d: Decision) -> bool:
     """Whether doubling the row shards of `d` makes the unit's cells pack better (see
-    FINE_CELL_SHARE)."""
-    mem = unit_cells(cm, u, d)[1]
-    finer = unit_cells(cm, u, replace(d, r=min(u.max_r, d.r * 2)))[1]
+    FINE_CELL_SHARE). The cells' values come from the search's cache, where the next
+    placement finds the finer grid's."""
+    mem = search._prepare(u, d)[1]
+    finer = search._prepare(u, replace(d, r=min(u.max_r, d.r * 2)))[1]
     biggest = float(mem.max())
-    return biggest > FINE_CELL_SHARE * cm.capacity and float(finer.max()) <= 0.75 * biggest
+    return biggest > FINE_CELL_SHARE * search.cm.capacity and float(finer.max()) <= 0.75 * biggest
 
 
 def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str, Decision]:
@@ -1759,7 +1739,7 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
                 r, c = initial_grid(cm, u)
                 decisions[u.name] = Decision(sharded[0], r, c, search._kind_comm(sharded[0]))
                 continue
-            if d.r * 2 > u.max_r or not _split_helps(cm, u, d):
+            if d.r * 2 > u.max_r or not _split_helps(search, u, d):
                 if "dp" in u.kinds and u.name not in replicated:
                     # no more rows to split: a replica holds no communication buffers, which
                     # is what a hot table's keys fill on few GPUs
