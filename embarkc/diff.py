@@ -359,7 +359,7 @@ class RankChange(_Frozen):
     time: Change
     memory: Change
     worse: bool
-    """Time or memory grew (or the rank is new in B)."""
+    """Time or memory grew on a rank both plans have (a rank only one has is not worse)."""
 
 
 class SpecChange(_Frozen):
@@ -721,8 +721,11 @@ def diff_views(
             and x.memory_bytes == y.memory_bytes
         ):
             continue
-        worse = y is not None and (
-            x is None or y.time > x.time * (1 + 1e-9) or y.memory_bytes > x.memory_bytes
+        # a rank only one plan has is neither worse nor better (the title counts it apart)
+        worse = (
+            x is not None
+            and y is not None
+            and (y.time > x.time * (1 + 1e-9) or y.memory_bytes > x.memory_bytes)
         )
         ranks.append(RankChange(rank=rank, time=time, memory=mem, worse=worse))
     ranks.sort(

@@ -109,7 +109,10 @@ def test_nodes_doubled(base, capsys):
     assert _spec_change(d, "topology", "topology").fields["nodes"] == ("2", "4")
     assert (d.world_a, d.world_b) == (4, 8)
     new = [r for r in d.ranks_changed if r.rank >= 4]
-    assert len(new) == 4 and all(r.worse and r.time.a is None for r in new)
+    assert len(new) == 4 and all(r.time.a is None and not r.worse for r in new)
+    # a rank only B has is counted apart, not as worse
+    assert d.ranks_worse == sum(1 for r in d.ranks_changed if r.rank < 4 and r.worse)
+    assert "4 only in B" in diff.ranks_title(d)
     # every table exists in A: a new rank that holds anything receives it from A's ranks
     received = {r.rank: r.received for r in d.migration.by_rank}
     holding = [r.rank for r in new if r.memory.b]
