@@ -29,8 +29,8 @@
 4. `Search.polish`: for the heaviest units of the critical rank, their moves and wider
    grids (`POLISH_GRIDS`), judged by the step time itself; a few rounds. The norm's
    descent stops in local minima that a jump to a grid several steps away leaves
-   (T510 on 128 GPUs with the keys in full and flat ub: 6.50 -> 5.87 ms). Descent and polish repeat while the step time
-   falls (`DESCENT_CYCLES`).
+   (T510 on 128 GPUs with the keys in full and flat ub: 6.50 -> 5.87 ms). Descent and
+   polish repeat while the step time falls (`DESCENT_CYCLES`).
 5. A fresh heaviest-first placement of the final grids, improved again; the faster of the
    two, and of the starts, is kept.
 6. `Search.rebalance` (programs of up to FOUR_START_UNITS units): single cells of the
@@ -244,23 +244,26 @@ def best_node(
 def _best_node_placed(
     t: np.ndarray, m: np.ndarray, free: float, load_c: np.ndarray, mem_c: np.ndarray
 ) -> int | None:
-    """`best_node` on loads `t` and memory `m` of shape (nodes, G), changed in place: the
-    cells placed one at a time (a rank no cell of the unit holds first)."""
+    """`best_node` on loads `t` and memory `m` of shape (nodes, G), `t` changed in place:
+    on each node the cells placed one at a time by `_heap_place` (a rank no cell of the
+    unit holds first). Planning time: the cells were placed on all nodes at once with a
+    dozen numpy calls per cell, a third of the search on hierarchical programs whose units
+    have tens of cells (30 tables on 8 x 8 GPUs at 90 % of their memory)."""
     N, G = t.shape
-    rows = np.arange(N)
-    used = np.zeros((N, G), dtype=bool)
     ok = np.ones(N, dtype=bool)
-    for lc, mc in zip(load_c, mem_c, strict=True):
-        room = m + mc <= free
-        fresh = room & ~used
-        cand = np.where(fresh.any(axis=1, keepdims=True), fresh, room)
-        ok &= cand.any(axis=1)
-        a = np.argmin(np.where(cand, t, np.inf), axis=1)
-        t[rows, a] += lc
-        m[rows, a] += mc
-        used[rows, a] = True
+    loads = load_c.tolist()
+    mems = mem_c.tolist()
+    least = np.minimum.accumulate(mem_c[::-1])[::-1].tolist() if len(mems) else []
+    times, held = t.tolist(), m.tolist()
+    cand = list(range(G))
+    for n in range(N):
+        try:
+            _heap_place(times[n], held[n], cand, loads, mems, least, free)
+        except _Full:
+            ok[n] = False
     if not ok.any():
         return None
+    t[...] = times
     worst = np.where(ok, t.max(axis=1), np.inf)
     total = np.where(ok, t.sum(axis=1), np.inf)
     return int(np.lexsort((total, worst))[0])
@@ -301,25 +304,47 @@ def _assign_heaps(
     """The ranks of `Search._assign` for the cells in `order`, in that order, with `ref`
     updated by what they add; raises _Full, changing nothing, when a cell finds no rank
     with room. Each cell goes to the allowed rank with room of least `ref` (ties to the
-    lower rank), among the ranks no cell of the unit holds yet when one of those has room:
-    two heaps of (ref, rank), the ranks without room for the cell set aside and put back
-    after it (dropped when they have none for the smallest cell still to place). Planning
-    time: a loop of numpy calls over all ranks per cell, which this replaced, took most
-    of the search on units of hundreds of cells (12 tables on 128 GPUs at 90 % of their
-    memory: 1.6 million numpy calls, 25 of 32 s)."""
+    lower rank), among the ranks no cell of the unit holds yet when one of those has room
+    (`_heap_place`). Planning time: a loop of numpy calls over all ranks per cell, which
+    this replaced, took most of the search on units of hundreds of cells (12 tables on
+    128 GPUs at 90 % of their memory: 1.6 million numpy calls, 25 of 32 s)."""
     cand = np.flatnonzero(allowed)
     times = ref.tolist()
-    held = mem.tolist()
-    fresh = [(times[a], a) for a in cand.tolist()]  # sorted: a valid heap as it is
-    fresh.sort()
+    least = np.minimum.accumulate(mem_c[order][::-1])[::-1].tolist() if len(order) else []
+    placed = _heap_place(
+        times,
+        mem.tolist(),
+        cand.tolist(),
+        load_c[order].tolist(),
+        mem_c[order].tolist(),
+        least,
+        free,
+    )
+    ref[cand] = np.asarray(times)[cand]
+    return np.asarray(placed, dtype=np.int64)
+
+
+def _heap_place(
+    times: list[float],
+    held: list[float],
+    cand: list[int],
+    loads: list[float],
+    mems: list[float],
+    least: list[float],
+    free: float,
+) -> list[int]:
+    """Ranks for cells of loads `loads` and memory `mems`, in that order, among the ranks
+    `cand` (ascending) of `times` and `held` (both updated in place; raises _Full, with
+    `times` maybe changed, when a cell finds no rank with room): each cell to the rank
+    with room of least time (ties to the lower rank), among the ranks no earlier cell took
+    when one of those has room. Two heaps of (time, rank), fresh and used; the ranks
+    without room for the cell are set aside and put back after it, dropped when they have
+    none for `least[k]`, the smallest cell from the k-th on."""
+    fresh = [(times[a], a) for a in cand]
+    fresh.sort()  # a valid heap as it is
     used: list[tuple[float, int]] = []
-    loads = load_c.tolist()
-    mems = mem_c.tolist()
-    out = np.empty(len(order), dtype=np.int64)
-    # the least memory of the cells still to place: a rank without room for it is done
-    least = np.minimum.accumulate(mem_c[order][::-1])[::-1].tolist()
-    for k, idx in enumerate(order.tolist()):
-        mc = mems[idx]
+    out = []
+    for k, mc in enumerate(mems):
         a = -1
         for heap in (fresh, used):
             aside = []
@@ -336,11 +361,144 @@ def _assign_heaps(
                 break
         if a < 0:
             raise _Full
-        times[a] += loads[idx]
+        times[a] += loads[k]
         held[a] += mc
         heapq.heappush(used, (times[a], a))
-        out[k] = a
-    ref[cand] = np.asarray(times)[cand]
+        out.append(a)
+    return out
+
+
+HEAP_POPS = 32
+"""Heap entries `_place_interleaved` looks at for one cell before it decides by numpy
+calls over all ranks (where many ranks lack room for the cell, or its unit's ranks fill
+the head of a shared heap). Either way the cell goes to the same rank."""
+
+OWN_HEAP_CELLS = 16
+"""Units of at least this many cells (or of a quarter of their allowed ranks) get a heap
+of their own fresh ranks in `_place_interleaved`; smaller ones share one heap of all
+ranks (per node for one-node units) and skip the ranks they already hold."""
+
+
+def _place_interleaved(
+    loads: np.ndarray,
+    mem: np.ndarray,
+    free: float,
+    cells: list[tuple[int, int]],
+    load_cs: list[np.ndarray],
+    mem_cs: list[np.ndarray],
+    restricted: list[bool],
+    node_of: np.ndarray,
+    node_for: Callable[[int], int | None],
+) -> list[np.ndarray]:
+    """`Search.place_all`'s placement of the cells `(unit, cell)`, in that order, with
+    `loads` and `mem` (per rank) updated in place; raises _Full(unit) when a cell finds no
+    rank with room. Each cell goes to the rank with room of least load (ties to the lower
+    rank) among its unit's allowed ranks, those no cell of the unit holds first when one
+    of those has room; a `restricted` unit's allowed ranks are the node `node_for(unit)`
+    names at its first cell (None: any rank). It is the rule of the loop of half a dozen
+    numpy calls over all ranks per cell that it replaced (374,000 cells, 4.4 of 4.7 s,
+    where 5 tables on 128 GPUs at 90 % were cut ever finer to find no room), made from
+    lazy heaps of (load, rank): loads only grow, so an entry below its rank's load is
+    stale and goes back with the load. A rank without room for the smallest cell still to
+    place leaves a heap for good."""
+    W = len(loads)
+    L, M = loads.tolist(), mem.tolist()
+    lcs = [x.tolist() for x in load_cs]
+    mcs = [x.tolist() for x in mem_cs]
+    order_mem = np.array([mcs[u][c] for u, c in cells], dtype=np.float64)
+    least = np.minimum.accumulate(order_mem[::-1])[::-1].tolist()
+    finite = bool(np.isfinite(loads).all()) and all(
+        bool(np.isfinite(x).all()) and (len(x) == 0 or float(x.min()) >= 0.0) for x in load_cs
+    )
+    pops = HEAP_POPS if finite else 0  # lazy heaps need loads that only grow
+    shared: dict[int | None, list[tuple[float, int]]] = {None: sorted((L[a], a) for a in range(W))}
+    U = len(load_cs)
+    out = [np.full(len(x), -1, dtype=np.int64) for x in load_cs]
+    begun = [False] * U
+    node: list[int | None] = [None] * U
+    own: list[list[tuple[float, int]] | None] = [None] * U
+    used: list[set[int]] = [set() for _ in range(U)]
+    used_heap: list[list[tuple[float, int]]] = [[] for _ in range(U)]
+
+    def search(
+        heap: list[tuple[float, int]], skip: set[int] | None, drop_used: bool, mc: float, lk: float
+    ) -> tuple[int, bool]:
+        """(rank, whether the heap was searched to its end) for a cell of memory `mc`."""
+        aside = []
+        a = -1
+        left = pops
+        while heap and left:
+            left -= 1
+            t, b = heapq.heappop(heap)
+            if t != L[b]:
+                heapq.heappush(heap, (L[b], b))
+                continue
+            if skip is not None and b in skip:
+                if not drop_used:
+                    aside.append((t, b))
+                continue
+            if M[b] + mc <= free:
+                a = b
+                break
+            if M[b] + lk <= free:
+                aside.append((t, b))
+        done = a >= 0 or not heap
+        for item in aside:
+            heapq.heappush(heap, item)
+        return a, done
+
+    for k, (ui, ci) in enumerate(cells):
+        lc, mc, lk = lcs[ui][ci], mcs[ui][ci], least[k]
+        n_cells = len(lcs[ui])
+        if not begun[ui]:
+            begun[ui] = True
+            if restricted[ui]:
+                node[ui] = node_for(ui)
+            ranks = range(W) if node[ui] is None else np.flatnonzero(node_of == node[ui]).tolist()
+            if node[ui] is not None and node[ui] not in shared:
+                shared[node[ui]] = sorted((L[a], a) for a in ranks)
+            if n_cells > 1 and (n_cells >= OWN_HEAP_CELLS or 4 * n_cells >= len(ranks)):
+                own[ui] = sorted((L[a], a) for a in ranks)
+        single = n_cells == 1
+        mine = used[ui]
+        heap = own[ui]
+        from_shared = heap is None
+        if heap is None:
+            heap = shared[node[ui]]
+        a, done = search(heap, None if single else mine, not from_shared, mc, lk)
+        src = "fresh" if a >= 0 else ""
+        if a < 0 and done and not single:
+            a, done = search(used_heap[ui], None, False, mc, lk)
+            src = "used" if a >= 0 else ""
+        if a < 0 and done:
+            raise _Full(ui)
+        if a < 0:
+            # the numpy rule itself
+            room = mem + mc <= free
+            if node[ui] is not None:
+                room &= node_of == node[ui]
+            cand = room
+            if not single and mine:
+                held = np.zeros(W, dtype=bool)
+                held[list(mine)] = True
+                fresh = room & ~held
+                cand = fresh if fresh.any() else room
+            if not cand.any():
+                raise _Full(ui)
+            a = int(np.argmin(np.where(cand, loads, np.inf)))
+        L[a] += lc
+        M[a] += mc
+        loads[a] = L[a]
+        mem[a] = M[a]
+        out[ui][ci] = a
+        if src == "fresh" and from_shared:
+            heapq.heappush(heap, (L[a], a))
+        if not single:
+            if a not in mine:
+                mine.add(a)
+                heapq.heappush(used_heap[ui], (L[a], a))
+            elif src == "used":
+                heapq.heappush(used_heap[ui], (L[a], a))
     return out
 
 
@@ -534,60 +692,55 @@ class Search:
     def place_all(self, decisions: dict[str, Decision]) -> None:
         """Place every unit from scratch: dp first, then all cells heaviest first."""
         self.reset()
-        cells: list[tuple[float, int, int, int]] = []
+        cells: list[tuple[float, int, int]] = []
         prepared: dict[str, Any] = {}
-        for ui, u in enumerate(self.units):
+        sharded: list[Unit] = []
+        for u in self.units:
             d = decisions[u.name]
             if d.kind == "dp":
                 self.place(u, d)
                 continue
             load_c, mem_c, templates, uni = self._prepare(u, d)
-            prepared[u.name] = (load_c, mem_c, templates, np.full(len(load_c), -1, np.int64), uni)
-            for ci in range(len(load_c)):
-                cells.append((-float(load_c[ci]), ui, ci, 0))
+            prepared[u.name] = (load_c, mem_c, templates, uni)
+            si = len(sharded)
+            sharded.append(u)
+            for ci, x in enumerate(load_c.tolist()):
+                cells.append((-x, si, ci))
         cells.sort()
         cm = self.cm
         # every rank holds every sharded unit's requester buffers
-        buffers = sum(v[4] for v in prepared.values())
+        buffers = sum(v[3] for v in prepared.values())
         if prepared and not self._room_everywhere(buffers):
             raise NoRoom(self.by_name[next(iter(prepared))])
         self.uniform_mem += buffers
         free = cm.capacity - self.uniform_mem
-        used: dict[str, np.ndarray] = {}
-        allowed: dict[str, np.ndarray] = {}
-        for _, ui, ci, _ in cells:
-            u = self.units[ui]
-            load_c, mem_c, _, ranks, _ = prepared[u.name]
-            single = len(load_c) == 1  # no other cell of its own to avoid
-            us = None if single else used.setdefault(u.name, np.zeros(cm.W, dtype=bool))
-            al = allowed.get(u.name)
-            if al is None and one_node(u, decisions[u.name]):
-                order = np.argsort(-load_c, kind="stable")
-                node = best_node(cm, self.loads, self.mem, free, load_c[order], mem_c[order])
-                if node is None and u.within_node:
-                    raise NoRoom(u)
-                al = allowed[u.name] = (
-                    cm.node_of == node if node is not None else np.ones(cm.W, dtype=bool)
-                )
-            room = self.mem + mem_c[ci] <= free
-            if al is not None:
-                room &= al
-            cand = room
-            if us is not None:
-                fresh = room & ~us
-                cand = fresh if fresh.any() else room
-            if not cand.any():
+
+        def node_for(si: int) -> int | None:
+            u = sharded[si]
+            load_c, mem_c = prepared[u.name][:2]
+            order = np.argsort(-load_c, kind="stable")
+            node = best_node(cm, self.loads, self.mem, free, load_c[order], mem_c[order])
+            if node is None and u.within_node:
                 raise NoRoom(u)
-            a = int(np.argmin(np.where(cand, self.loads, np.inf)))
-            ranks[ci] = a
-            if us is not None:
-                us[a] = True
-            self.loads[a] += load_c[ci]
-            self.mem[a] += mem_c[ci]
-        for u in self.units:
-            d = decisions[u.name]
-            if d.kind != "dp":
-                self._install(u, d, *prepared[u.name])
+            return node
+
+        try:
+            placed = _place_interleaved(
+                self.loads,
+                self.mem,
+                free,
+                [(si, ci) for _, si, ci in cells],
+                [prepared[u.name][0] for u in sharded],
+                [prepared[u.name][1] for u in sharded],
+                [one_node(u, decisions[u.name]) for u in sharded],
+                cm.node_of,
+                node_for,
+            )
+        except _Full as e:
+            raise NoRoom(sharded[e.args[0]]) from None
+        for si, u in enumerate(sharded):
+            load_c, mem_c, templates, uni = prepared[u.name]
+            self._install(u, decisions[u.name], load_c, mem_c, templates, placed[si], uni)
 
     def _prepare(
         self, u: Unit, d: Decision
@@ -1706,8 +1859,8 @@ are this small against a GPU, or once a split no longer makes them a quarter sma
 communication buffers do not shrink with the rows): finer cells then pack no better, and
 what is short is room itself. Without the rule a unit went on doubling its row shards up
 to 64 per rank: 12 tables of 1 GB kept on one node each (hierarchical rb) on 4 x 8 GPUs
-of 396 MB, 97 % full, made 12,288 cells a table and took 33 s at a 3 s limit to find that they do not
-fit."""
+of 396 MB, 97 % full, made 12,288 cells a table and took 33 s at a 3 s limit to find that
+they do not fit."""
 
 
 def _split_helps(search: Search, u: Unit, d: Decision) -> bool:
