@@ -16,6 +16,7 @@ offending path and whose line is 0, and render as ``path: error: message``.
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,13 @@ class Collector:
     def error(self, message: str, span: Span, hint: str | None = None) -> None:
         self.diagnostics.append(Diagnostic(message, span, hint))
 
+    def warning(self, message: str, span: Span, hint: str | None = None) -> None:
+        self.diagnostics.append(Diagnostic(message, span, hint, severity="warning"))
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "warning"]
+
     def extend(self, diags: Iterable[Diagnostic]) -> None:
         self.diagnostics.extend(diags)
 
@@ -138,6 +146,20 @@ class Collector:
     def raise_if_failed(self) -> None:
         if self.failed:
             raise EmbarkError(self.diagnostics, self.sources)
+
+
+def print_warnings(diags: Iterable[Diagnostic], sources: dict[str, str] | None = None) -> None:
+    """Print `diags` on stderr, with the caret lines of their files (from `sources`, else
+    read from disk where they can be)."""
+    texts = dict(sources or {})
+    for d in diags:
+        f = d.span.file
+        if d.span.line > 0 and f not in texts:
+            try:
+                texts[f] = Path(f).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue
+        print(d.render(texts), file=sys.stderr)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:

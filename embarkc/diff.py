@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from embark_runtime.plan import Plan, PlanError, load_plan
-from embarkc.diagnostics import EmbarkError
+from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import Program
 from embarkc.migration import Migration, migration_cost
 
@@ -75,7 +75,9 @@ def load_side(path: str) -> Side:
     from embarkc.frontend import load_program
     from embarkc.planner import plan_program, warn_ignored_constraints
 
-    program = load_program(path)
+    warnings: list[Diagnostic] = []
+    program = load_program(path, warnings)
+    print_warnings(warnings)
     plan = plan_program(program)
     warn_ignored_constraints(program, plan)
     return Side(path, plan, program)

@@ -35,15 +35,16 @@ from embarkc.syntax import (
 MAX_INCLUDED_FILES = 256
 
 
-def load_program(path: str | Path) -> ir.Program:
-    """Parse, include and lower the spec at `path`."""
+def load_program(path: str | Path, warnings: list[Diagnostic] | None = None) -> ir.Program:
+    """Parse, include and lower the spec at `path`; its warnings (things it says that do
+    nothing) are appended to `warnings` when it is given."""
     shown = str(path)
     try:
         data = read_source(Path(path), shown)
     except OSError as e:
         raise EmbarkError.at(shown, f"cannot read spec: {e.strerror or e}") from None
     text = check_text(data, shown)
-    return _load(text, shown, Path(path).parent, _stem(shown))
+    return _load(text, shown, Path(path).parent, _stem(shown), warnings)
 
 
 def is_plan_file(path: str | Path) -> bool:
@@ -78,11 +79,13 @@ def find_plan_spec(plan: Any, plan_path: str | Path | None = None) -> tuple[Path
     return named, "missing"
 
 
-def load_program_text(text: str, filename: str = "<spec>") -> ir.Program:
+def load_program_text(
+    text: str, filename: str = "<spec>", warnings: list[Diagnostic] | None = None
+) -> ir.Program:
     """Parse, include and lower spec text; includes resolve relative to `filename`'s folder
-    (the current directory for a name like `<spec>`)."""
+    (the current directory for a name like `<spec>`); warnings as for `load_program`."""
     base = Path.cwd() if filename.startswith("<") else Path(filename).parent
-    return _load(text, filename, base, _stem(filename))
+    return _load(text, filename, base, _stem(filename), warnings)
 
 
 def _stem(filename: str) -> str:
@@ -179,7 +182,9 @@ def _near(here: Path, rel: str) -> str | None:
     return did_you_mean(Path(rel).name, names)
 
 
-def _load(text: str, filename: str, base: Path, name: str) -> ir.Program:
+def _load(
+    text: str, filename: str, base: Path, name: str, warnings: list[Diagnostic] | None
+) -> ir.Program:
     files, diags, sources = load_files(text, filename, base)
     if diags:
         raise EmbarkError(diags, sources)
@@ -190,7 +195,7 @@ def _load(text: str, filename: str, base: Path, name: str) -> ir.Program:
         for f in files
     )
     try:
-        return lower(files, name, srcs)
+        return lower(files, name, srcs, warnings)
     except EmbarkError as e:
         merged = dict(sources)
         merged.update(e.sources)

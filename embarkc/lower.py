@@ -35,7 +35,7 @@ from lark import Token, Tree
 from pydantic import ValidationError
 
 from embarkc import ir
-from embarkc.diagnostics import Collector, EmbarkError, Span, did_you_mean
+from embarkc.diagnostics import Collector, Diagnostic, EmbarkError, Span, did_you_mean
 from embarkc.presets import PRESETS
 from embarkc.syntax import parts, span_of
 from embarkc.units import MAX_INT, Kind, UnitError, format_bytes, quantity
@@ -132,6 +132,11 @@ class Lowerer:
 
     def error(self, message: str, span: Span, hint: str | None = None) -> None:
         self.c.error(message, span, hint)
+
+    def warning(self, message: str, span: Span, hint: str | None = None) -> None:
+        """Something the spec says that does nothing or is not what it seems: the spec
+        still compiles, and the commands print it on stderr."""
+        self.c.warning(message, span, hint)
 
     def block(self, tree: Tree, file: str) -> Block:
         b = Block(tree.data, tree, file)
@@ -1067,6 +1072,14 @@ class Lowerer:
                     ok = False
                 else:
                     kw[key] = v
+                if v == "hierarchical" and topology is not None and topology.nodes == 1:
+                    self.warning(
+                        "`communication hierarchical` does nothing on a cluster of one "
+                        "node: nothing crosses the network, so the clusters run and are "
+                        "costed as flat ones",
+                        span_of(tok, b.file),
+                        "remove it, or describe the cluster's nodes in `hardware`",
+                    )
         numeric: dict[str, tuple[Kind, bool, float | None]] = {
             "time_limit": ("time", False, None),
             "seed": ("count", True, 0),
@@ -1416,6 +1429,17 @@ def _unquote(s: str) -> str:
     return re.sub(r"\\(.)", r"\1", body)
 
 
-def lower(files: list[SourceFile], name: str, sources: tuple[ir.Source, ...]) -> ir.Program:
-    """Lower parsed files (root first, then includes) into a `Program`; raise `EmbarkError`."""
-    return Lowerer(files).run(name, sources)
+def lower(
+    files: list[SourceFile],
+    name: str,
+    sources: tuple[ir.Source, ...],
+    warnings: list[Diagnostic] | None = None,
+) -> ir.Program:
+    """Lower parsed files (root first, then includes) into a `Program`; raise `EmbarkError`
+    (whose diagnostics include the warnings). The warnings of a spec that lowers are
+    appended to `warnings` when it is given."""
+    lowerer = Lowerer(files)
+    program = lowerer.run(name, sources)
+    if warnings is not None:
+        warnings.extend(lowerer.c.warnings)
+    return program

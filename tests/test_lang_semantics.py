@@ -281,3 +281,39 @@ def test_check_dump_ast_and_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(root / "specs" / "paper" / "t510.embark")]) == 0
     out = capsys.readouterr().out
     assert "510 (sgd 510)" in out and "114,572,800,000" in out and "2670" in out
+
+
+def test_hierarchical_on_one_node_is_a_warning_at_its_word(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = "table a { rows 1000 dim 16 hotness 1 }\nplan { communication hierarchical }\n"
+    one = "hardware { preset dgx_h100 nodes 1 }\n"
+    warnings: list = []
+    program = load_program_text(one + body + M, "<spec>", warnings)
+    assert program.options.communication == "hierarchical"  # the plan keeps the word
+    (w,) = warnings
+    assert w.severity == "warning" and "does nothing on a cluster of one node" in w.message
+    assert (w.span.line, w.span.col) == (3, 22) and w.hint and "nodes" in w.hint
+    # on two nodes it means something; a spec that does not lower still shows it
+    quiet: list = []
+    load_program_text(HW + body + M, "<spec>", quiet)
+    assert quiet == []
+    with pytest.raises(EmbarkError) as info:
+        load_program_text(one + body.replace("1000", "-1") + M, "<spec>", warnings)
+    assert [d.severity for d in info.value.diagnostics] == ["error", "warning"]
+    assert "2 errors" not in info.value.render()  # a warning is not counted as one
+    # every command that reads the spec prints it on stderr, and still succeeds
+    spec = tmp_path / "one.embark"
+    spec.write_text(one + body + M)
+    capsys.readouterr()
+    for argv in (
+        ["check", str(spec)],
+        ["plan", str(spec), "--solver", "greedy", "-o", str(tmp_path / "p.json")],
+        ["simulate", str(spec), "--solver", "greedy", "--batches", "1"],
+        ["compile", str(spec), "--solver", "greedy", "--dump", "plan"],
+        ["diff", str(spec), str(tmp_path / "p.json")],
+    ):
+        assert main(argv) == 0, argv
+        err = capsys.readouterr().err
+        assert f"{spec}:3:22: warning: `communication hierarchical` does nothing" in err, argv
+        assert "  3 | plan { communication hierarchical }" in err

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from embarkc.diagnostics import EXIT_OK, EXIT_USER_ERROR, EmbarkError
+from embarkc.diagnostics import EXIT_OK, EXIT_USER_ERROR, Diagnostic, EmbarkError, print_warnings
 
 HELP = "validate specs or plans and print a summary (tables, parameters, memory, GPUs)"
 
@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
             if args.dump == "ast":
                 print(dump_ast(spec))
                 continue
-            program = load_program(spec)
+            warnings: list[Diagnostic] = []
+            program = load_program(spec, warnings)
+            print_warnings(warnings)
         except EmbarkError as e:
             print(e.render(), file=sys.stderr)
             status = EXIT_USER_ERROR

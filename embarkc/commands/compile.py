@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from embarkc.commands import check_planner_options
-from embarkc.diagnostics import EmbarkError
+from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import STRATEGIES
 
 HELP = "plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder"
@@ -58,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         print(dump_ast(spec))
         return 0
 
-    program = load_program(spec)
+    warnings: list[Diagnostic] = []
+    program = load_program(spec, warnings)
+    print_warnings(warnings)
     if args.dump == "ir":
         print(dump_ir(program))
         return 0

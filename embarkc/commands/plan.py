@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from embarkc.diagnostics import EXIT_OK
+from embarkc.diagnostics import EXIT_OK, Diagnostic, print_warnings
 from embarkc.ir import STRATEGIES
 
 HELP = "plan the sharding of a spec (clusters, 3D shards, ranks) and print its cost"
@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dump == "ast":
         print(dump_ast(args.spec))
         return EXIT_OK
-    program = load_program(args.spec)
+    warnings: list[Diagnostic] = []
+    program = load_program(args.spec, warnings)
+    print_warnings(warnings)
     if args.dump == "ir":
         print(dump_ir(program))
         return EXIT_OK

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embarkc.diagnostics import EXIT_OK
+from embarkc.diagnostics import EXIT_OK, Diagnostic, print_warnings
 
 HELP = "count a plan's traffic and work on sampled batches and estimate its step time"
 
@@ -65,7 +65,9 @@ def load_target(args: argparse.Namespace) -> Any:
     from embarkc.planner import plan_program, warn_ignored_constraints
     from embarkc.planner.check import check_plan
 
-    program = load_program(args.target)
+    warnings: list[Diagnostic] = []
+    program = load_program(args.target, warnings)
+    print_warnings(warnings)
     print(f"planning {args.target} ...", file=sys.stderr)
     plan = plan_program(
         program, strategy=args.strategy, solver=args.solver, time_limit=args.time_limit

@@ -329,19 +329,9 @@ def ignored_constraints(program: Program, plan: Plan) -> list[Diagnostic]:
 
 def warn_ignored_constraints(program: Program, plan: Plan) -> None:
     """Print `ignored_constraints` on stderr, each with its line of the spec."""
-    import sys
+    from embarkc.diagnostics import print_warnings
 
-    diags = ignored_constraints(program, plan)
-    sources: dict[str, str] = {}
-    for d in diags:
-        if d.span.file not in sources:
-            try:
-                with open(d.span.file, encoding="utf-8") as f:
-                    sources[d.span.file] = f.read()
-            except (OSError, UnicodeDecodeError):
-                pass
-    for d in diags:
-        print(d.render(sources), file=sys.stderr)
+    print_warnings(ignored_constraints(program, plan))
 
 
 def _rest(greedy_work: float, reserve: float) -> float:
