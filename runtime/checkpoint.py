@@ -27,7 +27,10 @@ provides, rank 0 calls `finalize_checkpoint`, which checks that the ranks' cells
 the plan's cells, writes `manifest.json` (fsync), renames the directory to `step-N` and
 fsyncs the root. A crash at any point before that rename leaves only a `.tmp-step-*`
 directory that `latest_checkpoint` never returns and the next `finalize_checkpoint`
-removes; the previous `step-*` is never touched.
+removes; the previous `step-*` is never touched. Replacing an existing `step-N` moves it
+aside to `.old-step-N` first: a crash before the new one is renamed in leaves a
+`.old-step-N` without a `step-N`, which the readers take for step N and the next
+`finalize_checkpoint` renames back.
 
 RESHARDING
 ==========
@@ -65,11 +68,13 @@ __all__ = [
     "CheckpointError",
     "STATE_LAYOUT",
     "assemble_tables",
+    "discard_unfinished",
     "finalize_checkpoint",
     "latest_checkpoint",
     "load_checkpoint",
     "read_manifest",
     "save_checkpoint",
+    "step_dirs",
 ]
 
 FORMAT = "embark-checkpoint"
@@ -104,6 +109,7 @@ _ST_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
 _PLAN_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_DIR = re.compile(r"^\.tmp-step-(\d+)$")
+_OLD_DIR = re.compile(r"^\.old-step-(\d+)$")
 
 
 class CheckpointError(Exception):
@@ -417,9 +423,23 @@ def finalize_checkpoint(
 
     Checks that the ranks' sidecars are all there, for this step, world and plan, and that
     their cells are exactly the plan's cells (every rb/ub cell once, every dp table once);
-    writes the manifest last, renames `.tmp-step-N` to `step-N` (replacing an older
-    `step-N`), then removes stale `.tmp-step-*` directories of crashed writes and, with
-    `keep_last=k`, all but the newest k complete checkpoints. Returns `<directory>/step-N`.
+    writes the manifest last, renames `.tmp-step-N` to `step-N` (an existing `step-N` is
+    moved aside to `.old-step-N`, then removed), then tidies the root:
+
+    * a `.old-step-M` without a `step-M` (a crash between the two renames of replacing
+      step M) is the only copy of step M: it is renamed back to `step-M`; a `.old-step-M`
+      beside its `step-M` is stale and removed, as are the `.tmp-step-*` of crashed writes;
+    * with `keep_last=k` (k < 1 counts as 1): `step-N` is kept; of the other checkpoints
+      only the complete ones with a step below N are candidates, the newest k - 1 of them
+      are kept and the rest removed. A checkpoint with a step above N (another run's, or
+      one a resume passed over) and a damaged one are never removed and never counted,
+      so neither can push a good checkpoint out.
+
+    "Complete" for pruning is cheap, because it runs after every checkpoint of a model
+    that may be hundreds of GB: the manifest reads and every file it lists exists with
+    its listed size. The sha256 is not recomputed; a same-size corruption counts as
+    complete here and is still caught by `latest_checkpoint` and `load_checkpoint`.
+    Returns `<directory>/step-N`.
     """
     root = Path(directory)
     tmp = _tmp_dir(root, step)
@@ -491,14 +511,43 @@ def finalize_checkpoint(
     else:
         os.replace(tmp, final)
     _fsync_dir(root)
+    _recover_moved_aside(root)
     for p in root.iterdir():
-        if _TMP_DIR.match(p.name) or p.name.startswith(".old-step-"):
+        if _TMP_DIR.match(p.name) or _OLD_DIR.match(p.name):
             _remove(p)
     if keep_last is not None:
-        complete = sorted(_step_dirs(root), reverse=True)
-        for _, p in complete[max(1, keep_last) :]:
+        older = [(n, p) for n, p in _step_dirs(root) if n < step and _is_complete(p)]
+        for _, p in sorted(older, reverse=True)[max(1, keep_last) - 1 :]:
             _remove(p)
     return final
+
+
+def _recover_moved_aside(root: Path) -> None:
+    """Rename every `.old-step-N` without a `step-N` back to `step-N`."""
+    recovered = False
+    for n, p in _step_dirs(root):
+        if _OLD_DIR.match(p.name):
+            os.replace(p, _step_dir(root, n))
+            recovered = True
+    if recovered:
+        _fsync_dir(root)
+
+
+def _is_complete(directory: Path) -> bool:
+    """Whether the manifest reads and every file it lists is there with its size (no
+    sha256: cheap enough to run on every checkpoint after each save)."""
+    try:
+        m = read_manifest(directory)
+        _verify_files(directory, m, list(m["files"]), sha256=False)
+    except CheckpointError:
+        return False
+    return True
+
+
+def discard_unfinished(directory: str | Path, step: int) -> None:
+    """Remove what a failed save of step `step` left (`.tmp-step-N`), once no rank writes
+    to it any more (a full disk wants the space back; the next finalize would remove it)."""
+    _remove(_tmp_dir(Path(directory), step))
 
 
 def _remove(p: Path) -> None:
@@ -536,13 +585,26 @@ def _check_complete(plan: Plan, cells: list[dict[str, Any]], where: Path) -> Non
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    out = []
+    """(N, directory) of every checkpoint under `root`: each `step-N`, and each
+    `.old-step-N` without a `step-N` (a replace of step N that crashed between its two
+    renames left the only copy there)."""
+    steps: list[tuple[int, Path]] = []
+    moved_aside: list[tuple[int, Path]] = []
     if root.is_dir():
         for p in root.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir():
-                out.append((int(m.group(1)), p))
-    return out
+            if not p.is_dir():
+                continue
+            if m := _STEP_DIR.match(p.name):
+                steps.append((int(m.group(1)), p))
+            elif m := _OLD_DIR.match(p.name):
+                moved_aside.append((int(m.group(1)), p))
+    published = {n for n, _ in steps}
+    return steps + [(n, p) for n, p in moved_aside if n not in published]
+
+
+def step_dirs(root: str | Path) -> list[tuple[int, Path]]:
+    """(N, directory) of every checkpoint under `root`, complete or not (`_step_dirs`)."""
+    return sorted(_step_dirs(Path(root)))
 
 
 class _Strict(BaseModel):
@@ -674,7 +736,9 @@ def _check_manifest_cell(path: Path, m: dict[str, Any], c: dict[str, Any]) -> No
             )
 
 
-def _verify_files(directory: Path, manifest: dict[str, Any], names: list[str]) -> None:
+def _verify_files(
+    directory: Path, manifest: dict[str, Any], names: list[str], *, sha256: bool = True
+) -> None:
     for name in names:
         entry = manifest["files"][name]
         p = directory / name
@@ -684,13 +748,14 @@ def _verify_files(directory: Path, manifest: dict[str, Any], names: list[str]) -
             raise CheckpointError(
                 f"{p}: {p.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated?)"
             )
-        if _sha256_file(p) != entry["sha256"]:
+        if sha256 and _sha256_file(p) != entry["sha256"]:
             raise CheckpointError(f"{p}: sha256 mismatch (the file is corrupt)")
 
 
 def latest_checkpoint(root: str | Path, *, verify: bool = True) -> Path | None:
     """The newest complete checkpoint `<root>/step-N` (manifest readable and, with
-    `verify`, every file present with its manifest's sha256), or None."""
+    `verify`, every file present with its manifest's sha256), or None. A `.old-step-N`
+    without a `step-N` (a replace that crashed between its renames) counts as step N."""
     return newest_complete(root, verify=verify)[0]
 
 

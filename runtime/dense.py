@@ -216,6 +216,61 @@ def optimizer_state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tenso
     return out
 
 
+DENSE_OPTIMIZER_STATE: dict[str, frozenset[str]] = {
+    "sgd": frozenset(),
+    "adagrad": frozenset({"step", "sum"}),
+    "adam": frozenset({"step", "exp_avg", "exp_avg_sq"}),
+}
+"""The state torch keeps per parameter for each dense optimizer (`step` a scalar, the
+others the parameter's shape), once it has taken a step."""
+
+
+class DenseStateError(ValueError):
+    """A checkpoint's dense model or optimizer state is not this program's."""
+
+
+def check_dense_state(
+    model: nn.Module, weights: dict[str, torch.Tensor], opt_kind: str, opt: dict[str, torch.Tensor]
+) -> None:
+    """Raise DenseStateError, naming the first difference, when `weights` (a state dict)
+    and `opt` (`optimizer_state_tensors`) were not saved from a model of `model`'s
+    parameters trained by the dense optimizer `opt_kind`."""
+    own = model.state_dict()
+    for name in [*own, *(k for k in weights if k not in own)]:  # the model's order
+        if name not in weights:
+            raise DenseStateError(f"the dense model has `{name}`, which the checkpoint lacks")
+        if name not in own:
+            raise DenseStateError(f"the checkpoint has `{name}`, which the dense model lacks")
+        if tuple(weights[name].shape) != tuple(own[name].shape):
+            raise DenseStateError(
+                f"`{name}` is {list(weights[name].shape)} in the checkpoint and "
+                f"{list(own[name].shape)} in the dense model"
+            )
+    params = list(model.parameters())
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in opt.items():
+        index, _, key = name.partition(".")
+        if not index.isdigit() or int(index) >= len(params):
+            raise DenseStateError(f"optimizer state `{name}` is of no parameter of the model")
+        state.setdefault(int(index), {})[key] = value
+    want = DENSE_OPTIMIZER_STATE[opt_kind]
+    for i, p in enumerate(params):
+        got = frozenset(state.get(i, {}))
+        if got != want:
+            saved = next((k for k, v in DENSE_OPTIMIZER_STATE.items() if v == got), None)
+            by = f"{saved}'s" if saved else f"unknown optimizer state {sorted(got)}"
+            raise DenseStateError(
+                f"the checkpoint holds {by} state for the dense parameters; the dense "
+                f"optimizer is now {opt_kind}"
+            )
+        for key, value in state.get(i, {}).items():
+            shape = () if key == "step" else tuple(p.shape)
+            if tuple(value.shape) != shape:
+                raise DenseStateError(
+                    f"optimizer state `{i}.{key}` is {list(value.shape)}, not {list(shape)}"
+                )
+
+
 def load_optimizer_state_tensors(
     opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]
 ) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,8 +104,27 @@ def _expand(paths: str | Path | Sequence[str | Path]) -> list[Path]:
 
 
 def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError as e:
+        raise _unreadable(path, e) from None
+
+
+_STREAM_ERRORS = (OSError, EOFError, zlib.error)
+"""What reading a damaged file raises: gzip.BadGzipFile is an OSError, a truncated gzip
+stream an EOFError, a corrupt one a zlib.error."""
+
+
+def _unreadable(path: Path, e: BaseException) -> ReaderError:
+    """The ReaderError of a file that cannot be read to its end."""
+    if isinstance(e, EOFError):
+        why = "the compressed stream ends early (a truncated .gz file?)"
+    elif isinstance(e, zlib.error | gzip.BadGzipFile):
+        why = f"the compressed stream is corrupt ({e})"
+    else:
+        why = getattr(e, "strerror", None) or str(e)
+    return ReaderError(f"{path}: error: cannot read: {why}")
 
 
 def _split(total_batches: int, holdout: int | None, what: str) -> tuple[int, int]:
@@ -244,28 +264,37 @@ class CriteoTSVReader(_Batches):
     def _build_index(self) -> list[_Pos]:
         """The position of the first line of every full global batch."""
         starts: list[_Pos] = []
-        seen = 0  # lines before the current chunk
+        seen = 0  # lines of the files before
         for i in range(len(self.paths)):
-            with self._open(i) as f:
-                offset, line, last = 0, 0, b"\n"
-                while chunk := f.read(_SCAN_BYTES):
-                    ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-                    # line starts in this chunk: 0 if the previous chunk ended a line, then
-                    # every newline + 1 that is inside the chunk
-                    line_starts = ends + 1
-                    if last == b"\n":
-                        line_starts = np.concatenate(([0], line_starts))
-                    line_starts = line_starts[line_starts < len(chunk)]
-                    # global line number of each start
-                    g = seen + np.arange(len(line_starts))
-                    for k in np.flatnonzero(g % self.batch_size == 0):
-                        starts.append(_Pos(i, offset + int(line_starts[k]), line + int(k) + 1))
-                    seen += len(line_starts)
-                    line += len(line_starts)
-                    offset += len(chunk)
-                    last = chunk[-1:]
+            try:
+                seen = self._index_file(i, seen, starts)
+            except _STREAM_ERRORS as e:
+                raise _unreadable(self.paths[i], e) from None
         complete = seen // self.batch_size
         return starts[:complete]
+
+    def _index_file(self, i: int, seen: int, starts: list[_Pos]) -> int:
+        """Append to `starts` the batch starts in file `i`, after `seen` lines of the files
+        before; returns the lines of the files up to this one."""
+        with self._open(i) as f:
+            offset, line, last = 0, 0, b"\n"
+            while chunk := f.read(_SCAN_BYTES):
+                ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+                # line starts in this chunk: 0 if the previous chunk ended a line, then
+                # every newline + 1 that is inside the chunk
+                line_starts = ends + 1
+                if last == b"\n":
+                    line_starts = np.concatenate(([0], line_starts))
+                line_starts = line_starts[line_starts < len(chunk)]
+                # global line number of each start
+                g = seen + np.arange(len(line_starts))
+                for k in np.flatnonzero(g % self.batch_size == 0):
+                    starts.append(_Pos(i, offset + int(line_starts[k]), line + int(k) + 1))
+                seen += len(line_starts)
+                line += len(line_starts)
+                offset += len(chunk)
+                last = chunk[-1:]
+        return seen
 
     @property
     def num_batches(self) -> int:
@@ -291,6 +320,18 @@ class CriteoTSVReader(_Batches):
 
     def _lines(self, first: int, lo: int, hi: int) -> tuple[list[bytes], list[_Pos]]:
         """Lines [lo, hi) of the global batch starting at sample `first` (and positions)."""
+        i = self.index[first // self.batch_size].file
+        try:
+            return self._read_lines(first, lo, hi)
+        except _STREAM_ERRORS as e:
+            # the file changed or went away since it was indexed
+            if self._handle is not None:
+                i = self._handle[0]
+                self._handle[1].close()
+                self._handle = None
+            raise _unreadable(self.paths[i], e) from None
+
+    def _read_lines(self, first: int, lo: int, hi: int) -> tuple[list[bytes], list[_Pos]]:
         pos = self.index[first // self.batch_size]
         i, offset, line = pos.file, pos.offset, pos.line
         f = self._handle_at(i, offset)

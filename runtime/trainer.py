@@ -39,7 +39,11 @@ EMBARK_FAULT_MARKER (default `<checkpoint-dir>/.fault-injected`) and does nothin
 the marker exists.
 
 User mistakes (wrong world size, a plan.json that does not match, a missing checkpoint)
-end with `train.py: error: ...` and exit code 2, never a traceback.
+end with `train.py: error: ...` and exit code 2, never a traceback. So do failures of one
+rank during training (a malformed record in its slice of a batch, a full disk under a
+checkpoint or the --log-json file): the rank carries its error into the step's one
+all-reduce, every rank learns of it there, a checkpoint of the last whole step is written
+when --checkpoint-dir is given, and all of them stop together, each saying its part.
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ from embark_runtime.comm import Traffic
 from embark_runtime.dense import (
     DenseConfig,
     DenseOptimizerConfig,
+    DenseStateError,
     DLRMDense,
     allreduce_gradients,
+    check_dense_state,
     load_optimizer_state_tensors,
     local_loss,
     make_optimizer,
@@ -93,10 +99,10 @@ class TrainerError(Exception):
     """A user-facing error of the generated trainer (printed without a traceback)."""
 
 
-class _StartFailed(TrainerError):
-    """A start-up error every rank of the job knows of (see `_Sharded._together`): each
-    rank says its part, then they all wait for each other before exiting, so that torchrun,
-    which stops the other ranks when the first one exits, cuts no rank's message off."""
+class _Stopped(TrainerError):
+    """An error every rank of the job knows of (see `_Sharded._together`): each rank says
+    its part, then they all wait for each other before exiting, so that torchrun, which
+    stops the other ranks when the first one exits, cuts no rank's message off."""
 
 
 @dataclass(frozen=True)
@@ -296,7 +302,7 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
     except _user_errors() as e:
         # the options and plan.json are the same for every rank of a node: one says it
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"train.py: error: {e}", file=sys.stderr)
+            _say_on_stderr(f"train.py: error: {e}")
         return EXIT_USER_ERROR
     try:
         if args.reference:
@@ -307,10 +313,17 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         # is then told apart from an error all of them share
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         who = f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""
-        print(f"train.py: error: {who}{e}", file=sys.stderr, flush=True)
-        if isinstance(e, _StartFailed):
+        _say_on_stderr(f"train.py: error: {who}{e}")
+        if isinstance(e, _Stopped):
             _wait_for_the_others()
         return EXIT_USER_ERROR
+
+
+def _say_on_stderr(line: str) -> None:
+    """One line on stderr in one write: the ranks share the launcher's stderr, and print's
+    separate write of the newline let two ranks' messages run into one line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _wait_for_the_others() -> None:
@@ -351,6 +364,7 @@ class _Data:
                 plan, seed=args.seed, dense_features=program.dense.dense_features
             )
             self.description = f"synthetic (seed {args.seed})"
+            self.held_out: int | None = None
         else:
             from embark_runtime import readers
 
@@ -358,6 +372,20 @@ class _Data:
                 self.path, plan, fmt=args.data_format, dense_features=program.dense.dense_features
             )
             self.description = f"{self.path}"
+            # nothing held out: evaluation cycles over the training batches
+            self.held_out = self._reader.eval_batches or self._reader.train_batches
+
+    def eval_count(self, asked: int, log: _Log) -> int:
+        """The held-out global batches an evaluation reads: `asked` (--eval-batches), at
+        most the distinct ones the dataset has (a warning says so when they are fewer)."""
+        if self.held_out is None or asked <= self.held_out:
+            return asked
+        log.warn(
+            f"--eval-batches {asked}: {self.path} holds out {self.held_out} global "
+            f"batch{'es' if self.held_out != 1 else ''}; each evaluation reads "
+            f"{'them' if self.held_out != 1 else 'it'} once"
+        )
+        return self.held_out
 
     def batch(self, step: int, rank: int, world: int) -> Any:
         if self.path is None:
@@ -397,6 +425,9 @@ class _Log:
         self.quiet = quiet or not enabled
         self.tty = sys.stdout.isatty()
         self.json: TextIO | None = None
+        self.json_path = json_path
+        self.error: TrainerError | None = None
+        """The first failed write to the --log-json file (the run stops at the next step)."""
         if enabled and json_path is not None:
             try:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -408,7 +439,7 @@ class _Log:
     def warn(self, text: str) -> None:
         """A warning on stderr (rank 0), shown even with --quiet."""
         if self.enabled:
-            print(f"train.py: warning: {text}", file=sys.stderr, flush=True)
+            _say_on_stderr(f"train.py: warning: {text}")
 
     def say(self, text: str) -> None:
         if self.enabled:
@@ -417,9 +448,22 @@ class _Log:
             print(text, flush=True)
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one JSON object to the --log-json file (rank 0, when asked for)."""
-        if self.json is not None:
+        """Append one JSON object to the --log-json file (rank 0, when asked for). A failed
+        write (a full disk) ends the file's writing and is kept in `error`, for the
+        trainer to stop on together with the other ranks."""
+        if self.json is None:
+            return
+        try:
             self.json.write(json.dumps(record, sort_keys=True) + "\n")
+        except OSError as e:
+            self.error = TrainerError(
+                f"--log-json {self.json_path}: cannot write: {e.strerror or e}"
+            )
+            json_file, self.json = self.json, None
+            try:
+                json_file.close()
+            except OSError:
+                pass
 
     def step(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -446,7 +490,13 @@ class _Log:
 
     def close(self) -> None:
         if self.json is not None:
-            self.json.close()
+            json_file, self.json = self.json, None
+            try:
+                json_file.close()
+            except OSError as e:
+                self.error = self.error or TrainerError(
+                    f"--log-json {self.json_path}: cannot write: {e.strerror or e}"
+                )
 
 
 def _mib(n: float) -> str:
@@ -518,6 +568,7 @@ class _Reference:
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.log = _Log(True, args.steps, args.log_every, args.log_json, args.quiet)
+        self.eval_batches = self.data.eval_count(args.eval_batches, self.log)
 
     def _logits(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
@@ -548,6 +599,8 @@ class _Reference:
                     "bytes_total": 0,
                 }
             )
+            if self.log.error is not None:
+                raise self.log.error
             done = step + 1
             if (a.eval_every and done % a.eval_every == 0) or done == a.steps:
                 self._evaluate(done)
@@ -561,12 +614,14 @@ class _Reference:
             )
             self.log.say(f"exported {len(self.plan.tables)} tables to {a.export_embeddings}")
         self.log.close()
+        if self.log.error is not None:
+            raise self.log.error
         return 0
 
     def _evaluate(self, done: int) -> None:
         labels, scores = [], []
         with torch.no_grad():
-            for i in range(self.args.eval_batches):
+            for i in range(self.eval_batches):
                 world = self.program.world_size
                 # the same samples as the sharded run: every rank's slice, concatenated
                 for rank in range(world):
@@ -650,7 +705,8 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
         os.environ.update(
             {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
         )
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if "MASTER_PORT" not in os.environ:  # a fixed one may be taken by another job
+            os.environ["MASTER_PORT"] = str(_free_port())
     elif int(world_env) != program.world_size:
         raise TrainerError(
             f"launched with {world_env} processes, but the plan has {program.world_size} ranks "
@@ -660,7 +716,7 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
     trainer = _Sharded(program, plan, args)
     try:
         result = trainer.run()
-    except _StartFailed:
+    except _Stopped:
         # the group stays up: `main` prints this rank's message, then meets the others in it
         trainer.log.close()
         raise
@@ -669,6 +725,15 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
         raise
     trainer.close()
     return result
+
+
+def _free_port() -> int:
+    """A TCP port of the loopback interface that no one listens on now."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _join_restarted_job(device: torch.device) -> None:
@@ -732,13 +797,20 @@ class _Sharded:
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.data = self._together("read the dataset", lambda: _Data(program, plan, args))
         self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
+        self.eval_batches = self.data.eval_count(args.eval_batches, self.log)
         self.clusters = [c.name for c in plan.clusters] + ["dense"]
+        self._passed_over: set[Path] = set()
+        """Damaged checkpoints the resume passed over (and warned of)."""
+        self._pending: Exception | None = None
+        """This rank's error during a step (reading the next batch), which every rank
+        learns of in the step's all-reduce (`_step`) before they stop together."""
 
     def _together(self, what: str, step: Callable[[], _T]) -> _T:
-        """Take a start-up `step` on every rank and agree on how it went: when it fails on
-        any rank (a dataset too small, a damaged checkpoint on one rank's disk), every rank
-        raises `_StartFailed`, the failing ones with their own error and the others naming
-        them, instead of the healthy ranks hanging in their first collective."""
+        """Take a `step` on every rank and agree on how it went: when it fails on any rank
+        (a dataset too small, a damaged checkpoint on one rank's disk, a full disk under a
+        checkpoint), every rank raises `_Stopped`, the failing ones with their own error
+        and the others naming them, instead of the healthy ranks hanging in their next
+        collective or dying with a traceback when the failing one exits."""
         error: Exception | None = None
         try:
             out = step()
@@ -748,12 +820,12 @@ class _Sharded:
         failed[self.rank] = int(error is not None)
         self.dist.all_reduce(failed)
         if error is not None:
-            raise _StartFailed(str(error)) from None
+            raise _Stopped(str(error)) from None
         flags = failed.cpu().tolist()
         if any(flags):
             ranks = [r for r, f in enumerate(flags) if f]
             names = ", ".join(str(r) for r in ranks)
-            raise _StartFailed(
+            raise _Stopped(
                 f"stopped: could not {what} on rank{'s' if len(ranks) > 1 else ''} {names} "
                 "(see the message of each)"
             )
@@ -771,8 +843,12 @@ class _Sharded:
         out = self.embeddings(batch.sparse)
         return self.model(dense, [out[f] for f in self.program.features])
 
-    def _step(self, batch: Any, prefetch: Any | None) -> tuple[float, dict[str, dict[str, int]]]:
-        """Train one step; returns (global mean loss, bytes moved per cluster, all ranks)."""
+    def _step(
+        self, batch: Any, prefetch: Any | None, failed: bool = False
+    ) -> tuple[float, dict[str, dict[str, int]], int]:
+        """Train one step; returns (global mean loss, bytes moved per cluster, all ranks,
+        and the number of ranks that say they `failed`: an error of theirs stops the run
+        after this step)."""
         dense_in, labels = _tensors(batch, self.device, self.dtype)
         # the bottom MLP runs before the lookup: its autograd nodes are older, so in the
         # backward the embeddings' node runs first and its dp gradient exchange (left in
@@ -801,7 +877,7 @@ class _Sharded:
         moved = {c: dict(v) for c, v in self.embeddings.bytes_moved().items()}
         moved.update(dense_traffic.as_dict())
         # one collective for the loss and every counter, summed over ranks
-        flat = [float(loss.detach())]
+        flat = [float(loss.detach()), float(failed)]
         for c in self.clusters:
             v = moved.get(c, {"intra": 0, "inter": 0})
             flat += [float(v["intra"]), float(v["inter"])]
@@ -809,10 +885,10 @@ class _Sharded:
         self.dist.all_reduce(totals)
         t = totals.cpu().tolist()
         per_cluster = {
-            c: {"intra": int(t[1 + 2 * i]), "inter": int(t[2 + 2 * i])}
+            c: {"intra": int(t[2 + 2 * i]), "inter": int(t[3 + 2 * i])}
             for i, c in enumerate(self.clusters)
         }
-        return t[0], per_cluster
+        return t[0], per_cluster, int(t[1])
 
     # ------------------------------------------------------------------ the loop
 
@@ -825,16 +901,33 @@ class _Sharded:
             f"{self.kernel_note}, device {self.device.type}; data {self.data.description}; "
             + (f"resumed from {source} at step {start}" if source else "starting at step 0")
         )
-        batch = self.data.batch(start, self.rank, self.world) if start < a.steps else None
+        if a.checkpoint_dir is not None and self.rank == 0:
+            self._warn_newer_checkpoints(start)
+        batch = None
+        if start < a.steps:
+            batch = self._together(
+                f"read the batch of step {start + 1}",
+                lambda: self.data.batch(start, self.rank, self.world),
+            )
         for step in range(start, a.steps):
             _inject_fault(step, self.rank, a.checkpoint_dir)
             done = step + 1
             eval_due = (a.eval_every and done % a.eval_every == 0) or done == a.steps
             t0 = time.perf_counter()
-            nxt = self.data.batch(done, self.rank, self.world) if done < a.steps else None
-            # no prefetch before an evaluation: its forward passes come first
-            prefetch = nxt if nxt is not None and not a.no_overlap and not eval_due else None
-            loss, moved = self._step(batch, prefetch)
+            nxt = None
+            if done < a.steps:
+                try:
+                    nxt = self.data.batch(done, self.rank, self.world)
+                except _user_errors() as e:
+                    self._pending = self._pending or e
+            # no prefetch before an evaluation: its forward passes come first. A rank
+            # without the next batch prefetches this one in its place, so that every rank
+            # takes part in the same collectives; the run stops after this step.
+            prefetch = None
+            if done < a.steps and not a.no_overlap and not eval_due:
+                prefetch = nxt if nxt is not None else batch
+            failed = self._pending is not None or self.log.error is not None
+            loss, moved, failing = self._step(batch, prefetch, failed)
             dt = time.perf_counter() - t0
             self.log.step(
                 {
@@ -845,6 +938,8 @@ class _Sharded:
                     "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
                 }
             )
+            if failing:
+                self._stop(done)
             if a.checkpoint_dir is not None and (
                 (a.checkpoint_every and done % a.checkpoint_every == 0) or done == a.steps
             ):
@@ -853,16 +948,56 @@ class _Sharded:
                 self._evaluate(done)
             batch = nxt
         if a.export_embeddings is not None:
-            self._export(a.export_embeddings)
-        self.dist.barrier()
+            path = a.export_embeddings
+            self._together(f"export the embeddings to {path}", lambda: self._export(path))
+        # the last step's log line and what came after it: every rank ends the same way
+        self._together("finish", self._raise_pending)
         return 0
+
+    def _raise_pending(self) -> None:
+        error = self._pending or self.log.error
+        if error is not None:
+            raise error
+
+    def _stop(self, done: int) -> None:
+        """A rank failed during step `done` (each knows it from the step's all-reduce):
+        checkpoint the step when there is a --checkpoint-dir, then stop together."""
+        if self.args.checkpoint_dir is not None:
+            try:
+                self._checkpoint(done)
+            except _Stopped as e:
+                self.log.warn(f"no checkpoint after step {done}: {e}")
+        self._together(f"go on after step {done}", self._raise_pending)
+
+    def _warn_newer_checkpoints(self, start: int) -> None:
+        """Warn of checkpoints in --checkpoint-dir of later steps than the run starts at
+        (another run's): a resume from the folder takes the newest, not this run's."""
+        from embark_runtime import checkpoint
+
+        root = self.args.checkpoint_dir
+        assert root is not None
+        later = sorted(
+            s for s, p in checkpoint.step_dirs(root) if s > start and p not in self._passed_over
+        )
+        if later:
+            shown = ", ".join(f"step-{s}" for s in later[:3]) + (", ..." if len(later) > 3 else "")
+            self.log.warn(
+                f"{root} holds checkpoints of later steps than this run starts at ({shown}): "
+                "another run's. This run replaces each as it reaches its step, keeps them "
+                "out of --keep-checkpoints, and until then `--resume` from the folder takes "
+                "them, not this run's: move them elsewhere to keep both runs apart"
+            )
 
     def _evaluate(self, done: int) -> None:
         labels, scores = [], []
+        n = self.eval_batches
+        held_out = self._together(
+            "read the held-out batches",
+            lambda: [self.data.eval_batch(i, self.rank, self.world) for i in range(n)],
+        )
         self.model.eval()
         with torch.no_grad():
-            for i in range(self.args.eval_batches):
-                b = self.data.eval_batch(i, self.rank, self.world)
+            for b in held_out:
                 scores.append(torch.sigmoid(self._forward(b)))
                 labels.append(torch.as_tensor(np.asarray(b.labels), device=self.device))
         self.model.train()
@@ -887,22 +1022,47 @@ class _Sharded:
         from embark_runtime import checkpoint
 
         root = self.args.checkpoint_dir
-        checkpoint.save_checkpoint(
-            root,
-            done,
-            self.plan,
-            self.rank,
-            self.world,
-            self.embeddings.cells(),
-            self._extra() if self.rank == 0 else None,
-            finalize=False,
-        )
-        self.dist.barrier()
-        if self.rank == 0:
-            checkpoint.finalize_checkpoint(
-                root, done, self.plan, self.world, keep_last=self.args.keep_checkpoints or None
-            )
-        self.dist.barrier()
+        assert root is not None
+
+        def save() -> None:
+            try:
+                checkpoint.save_checkpoint(
+                    root,
+                    done,
+                    self.plan,
+                    self.rank,
+                    self.world,
+                    self.embeddings.cells(),
+                    self._extra() if self.rank == 0 else None,
+                    finalize=False,
+                )
+            except OSError as e:
+                raise TrainerError(
+                    f"--checkpoint-dir {root}: cannot write the checkpoint of step {done}: "
+                    f"{e.strerror or e}"
+                ) from None
+
+        def publish() -> None:
+            if self.rank != 0:
+                return
+            try:
+                checkpoint.finalize_checkpoint(
+                    root, done, self.plan, self.world, keep_last=self.args.keep_checkpoints or None
+                )
+            except OSError as e:
+                raise TrainerError(
+                    f"--checkpoint-dir {root}: cannot publish the checkpoint of step {done}: "
+                    f"{e.strerror or e}"
+                ) from None
+
+        try:
+            self._together(f"write the checkpoint of step {done}", save)
+            self._together(f"publish the checkpoint of step {done}", publish)
+        except _Stopped:
+            # every rank is done writing: what this step left is of no use (the older
+            # checkpoints are untouched), and it may hold the space a full disk lacks
+            checkpoint.discard_unfinished(root, done)
+            raise
         self.log.say(f"checkpoint after step {done} in {root}")
 
     def _resume(self) -> tuple[int, Path | None]:
@@ -920,6 +1080,7 @@ class _Sharded:
             # after a restart, what this run checkpointed itself beats the starting point
             for bad, why in damaged:
                 self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
+                self._passed_over.add(bad)
             if latest is None:
                 return 0, None
             path = Path(latest)
@@ -927,6 +1088,12 @@ class _Sharded:
             path = Path(a.resume)
             if not path.exists():
                 raise TrainerError(f"--resume {path}: no such checkpoint")
+            # a folder of checkpoints: its newest complete one, naming those passed over
+            newest, passed = checkpoint.newest_complete(path)
+            if newest is not None:
+                for bad, why in passed:
+                    self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
+                path = newest
         step, cells, extra = checkpoint.load_checkpoint(path, self.plan, self.rank)
         self.embeddings.load_cells(cells)
         extra = dict(extra or {})
@@ -936,15 +1103,21 @@ class _Sharded:
             if k.startswith(DENSE_PREFIX)
         }
         if dense_state:
+            opt_state = {
+                k[len(DENSE_OPT_PREFIX) :]: torch.as_tensor(v)
+                for k, v in extra.items()
+                if k.startswith(DENSE_OPT_PREFIX)
+            }
+            try:
+                check_dense_state(self.model, dense_state, self.program.optimizer.kind, opt_state)
+            except DenseStateError as e:
+                raise TrainerError(
+                    f"--resume {path}: {e}. The spec's model or its optimizer changed since "
+                    "the checkpoint: resume from a checkpoint of this model, or train it from "
+                    "step 0"
+                ) from None
             self.model.load_state_dict(dense_state)
-            load_optimizer_state_tensors(
-                self.optimizer,
-                {
-                    k[len(DENSE_OPT_PREFIX) :]: torch.as_tensor(v)
-                    for k, v in extra.items()
-                    if k.startswith(DENSE_OPT_PREFIX)
-                },
-            )
+            load_optimizer_state_tensors(self.optimizer, opt_state)
         else:
             self.log.say(f"{path} has no dense model: the dense part starts fresh")
         return int(step), path

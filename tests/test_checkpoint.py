@@ -452,6 +452,120 @@ def test_keep_last_removes_older_checkpoints(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3"]
 
 
+def _names(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def test_keep_last_keeps_the_new_checkpoints_past_a_damaged_newer_one(tmp_path):
+    """A resume from step-5 that passed over a damaged step-10 checkpoints after steps 6,
+    7 and 8 with keep_last=1: each new one survives, the damaged one is left alone."""
+    tables = global_tables()
+    save_all(tmp_path, 5, PLAN_B, tables)
+    damaged = save_all(tmp_path, 10, PLAN_B, tables)
+    _truncate(damaged / "rank-00001.safetensors")
+    assert newest_complete(tmp_path)[0] == tmp_path / "step-5"
+    for step in (6, 7, 8):
+        path = save_all(tmp_path, step, PLAN_B, global_tables(step), keep_last=1)
+        assert _names(tmp_path) == ["step-10", f"step-{step}"]
+        assert latest_checkpoint(tmp_path) == path
+    assert_same_tables(assemble_tables(tmp_path), global_tables(8))
+    assert len((damaged / "rank-00001.safetensors").read_bytes()) == 100
+
+
+def test_keep_last_leaves_a_newer_checkpoint_of_another_run_alone(tmp_path):
+    """An abandoned run's step-10 and a run resumed from step-5 writing step-6..8 with
+    keep_last=1: the new ones survive, and so does step-10 (never counted)."""
+    tables = global_tables()
+    save_all(tmp_path, 5, PLAN_B, tables)
+    save_all(tmp_path, 10, PLAN_B, global_tables(10))
+    for step in (6, 7, 8):
+        save_all(tmp_path, step, PLAN_B, global_tables(step), keep_last=1)
+        assert _names(tmp_path) == ["step-10", f"step-{step}"]
+    assert_same_tables(assemble_tables(tmp_path / "step-8"), global_tables(8))
+    assert_same_tables(assemble_tables(tmp_path / "step-10"), global_tables(10))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: _truncate(d / "rank-00000.safetensors"),
+        lambda d: (d / "rank-00001.json").unlink(),
+        lambda d: (d / "manifest.json").unlink(),
+        lambda d: (d / "manifest.json").write_text("{not json"),
+    ],
+    ids=["truncated-file", "missing-file", "missing-manifest", "unreadable-manifest"],
+)
+def test_keep_last_counts_only_complete_older_checkpoints(tmp_path, damage):
+    tables = global_tables()
+    for step in (1, 2, 3):
+        save_all(tmp_path, step, PLAN_B, tables)
+    damage(tmp_path / "step-3")
+    save_all(tmp_path, 4, PLAN_B, tables, keep_last=2)
+    # step-4 and the newest complete older one (step-2); the damaged step-3 is not
+    # counted and not removed
+    assert _names(tmp_path) == ["step-2", "step-3", "step-4"]
+    save_all(tmp_path, 5, PLAN_B, tables, keep_last=2)
+    assert _names(tmp_path) == ["step-3", "step-4", "step-5"]
+
+
+@pytest.mark.parametrize("keep_last", [0, 1])
+def test_keep_last_never_removes_the_checkpoint_just_written(tmp_path, keep_last):
+    """Re-saving step 2 below a step-3 keeps the new step-2 (and step-3, above it)."""
+    for step in (1, 2, 3):
+        save_all(tmp_path, step, PLAN_B, global_tables(step))
+    path = save_all(tmp_path, 2, PLAN_B, global_tables(20), keep_last=keep_last)
+    assert _names(tmp_path) == ["step-2", "step-3"]
+    assert_same_tables(assemble_tables(path), global_tables(20))
+
+
+def _crash_replacing(root: Path, step: int, tables, monkeypatch) -> None:
+    """Re-save `step` over the existing `step-N` and crash between moving the old one
+    aside (`.old-step-N`) and renaming the new one in."""
+    real_replace = os.replace
+
+    def crash_on_rename_in(src, dst):
+        if Path(src).name == f".tmp-step-{step}" and Path(dst).name == f"step-{step}":
+            raise OSError("simulated crash")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", crash_on_rename_in)
+    with pytest.raises(OSError, match="simulated"):
+        save_all(root, step, PLAN_B, tables)
+    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    assert (root / f".old-step-{step}").is_dir() and not (root / f"step-{step}").exists()
+
+
+def test_crash_between_replace_renames_is_resumed_from_the_moved_aside_step(tmp_path, monkeypatch):
+    save_all(tmp_path, 1, PLAN_B, global_tables(1))
+    save_all(tmp_path, 2, PLAN_B, global_tables(2))
+    _crash_replacing(tmp_path, 2, global_tables(20), monkeypatch)
+    assert _names(tmp_path) == [".old-step-2", ".tmp-step-2", "step-1"]
+    moved = tmp_path / ".old-step-2"
+    assert newest_complete(tmp_path) == (moved, [])
+    assert latest_checkpoint(tmp_path) == moved
+    for rank in range(2):
+        step, cells, _ = load_checkpoint(tmp_path, PLAN_B, rank)
+        assert step == 2
+        assert_same_cells(cells, expected_cells(PLAN_B, global_tables(2), rank))
+    assert_same_tables(assemble_tables(tmp_path), global_tables(2))
+
+
+def test_crash_between_replace_renames_is_recovered_by_the_next_finalize(tmp_path, monkeypatch):
+    save_all(tmp_path, 1, PLAN_B, global_tables(1))
+    save_all(tmp_path, 2, PLAN_B, global_tables(2))
+    _crash_replacing(tmp_path, 2, global_tables(20), monkeypatch)
+    # a stale .old-step-1 beside its step-1 (a replace that got through) is removed
+    (tmp_path / ".old-step-1").mkdir()
+    # the recovered step-2 is counted by keep_last, so step-1 goes
+    save_all(tmp_path, 3, PLAN_B, global_tables(3), keep_last=2)
+    assert _names(tmp_path) == ["step-2", "step-3"]
+    assert_same_tables(assemble_tables(tmp_path / "step-2"), global_tables(2))
+
+
 # --------------------------------------------------------------------------- errors
 
 

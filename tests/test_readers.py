@@ -218,6 +218,30 @@ def test_criteo_malformed_record_names_file_line_and_offset(tmp_path, bad, messa
     assert message in str(e.value)
 
 
+def test_a_damaged_gzip_file_is_named_not_a_traceback(tmp_path):
+    """A truncated .gz ends its stream early, flipped bytes corrupt it: either is a
+    ReaderError naming the file, at the index (start-up) or, for a file damaged after it,
+    when a batch is read."""
+    whole = gzip.compress((_good_line() * 64).encode(), mtime=0)
+    cut = tmp_path / "cut.tsv.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ReaderError, match=r"cut.tsv.gz: error: cannot read: the compressed "):
+        open_dataset(cut, PLAN)
+    flipped = bytearray(whole)
+    for k in range(40, 60):
+        flipped[k] ^= 0xFF
+    bad = tmp_path / "flipped.tsv.gz"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(ReaderError, match=r"flipped.tsv.gz: error: cannot read: "):
+        CriteoTSVReader(bad, PLAN)
+    later = tmp_path / "later.tsv.gz"
+    later.write_bytes(whole)
+    reader = CriteoTSVReader(later, PLAN, holdout=0)
+    later.write_bytes(whole[:40])  # replaced by a truncated copy after the index
+    with pytest.raises(ReaderError, match=r"later.tsv.gz: error: cannot read: "):
+        reader.batch(5, 0, 1)
+
+
 def test_criteo_refuses_plans_it_cannot_feed(tmp_path):
     path = tmp_path / "x.tsv"
     path.write_text(_good_line() * B)

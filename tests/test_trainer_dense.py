@@ -12,8 +12,10 @@ import torch
 from embark_runtime.dense import (
     DenseConfig,
     DenseOptimizerConfig,
+    DenseStateError,
     DLRMDense,
     allreduce_gradients,
+    check_dense_state,
     load_optimizer_state_tensors,
     local_loss,
     make_optimizer,
@@ -163,6 +165,44 @@ def test_optimizer_state_round_trips_through_flat_tensors(kind):
     step(b, opt_b)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+def _trained_state(cfg: DenseConfig, kind: str) -> tuple[DLRMDense, dict, dict]:
+    model = DLRMDense(cfg, seed=1)
+    opt = make_optimizer(model.parameters(), DenseOptimizerConfig(kind=kind, lr=0.1))
+    dense, embs, _ = _inputs(cfg, 4)
+    model(dense, embs).sum().backward()
+    opt.step()
+    return model, model.state_dict(), optimizer_state_tensors(opt)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_a_checkpointed_dense_state_must_be_of_the_same_model_and_optimizer(kind):
+    """What a resume checks before loading: the same parameters and shapes, and the
+    optimizer state of the same dense optimizer (torch would load adagrad's `sum` into adam
+    and fail at its first step, or an sgd checkpoint into adam and start it fresh)."""
+    model, weights, opt = _trained_state(DOT, kind)
+    check_dense_state(model, weights, kind, opt)
+    for other in {"sgd", "adagrad", "adam"} - {kind}:
+        with pytest.raises(DenseStateError, match=rf"holds {kind}'s state .* now {other}"):
+            check_dense_state(model, weights, other, opt)
+    wider = DenseConfig(**{**DOT.__dict__, "bottom_mlp": (16, 4)})
+    with pytest.raises(DenseStateError, match=r"`bottom.0.weight` is \[8, 5\] in the checkpoint"):
+        check_dense_state(DLRMDense(wider, seed=1), weights, kind, opt)
+    with pytest.raises(DenseStateError, match=r"the checkpoint has `x`, which the dense model"):
+        check_dense_state(model, {**weights, "x": torch.zeros(1)}, kind, opt)
+    first = next(iter(weights))
+    fewer = {k: v for k, v in weights.items() if k != first}
+    with pytest.raises(DenseStateError, match=rf"has `{first}`, which the checkpoint lacks"):
+        check_dense_state(model, fewer, kind, opt)
+    with pytest.raises(DenseStateError):
+        check_dense_state(DLRMDense(DCN, seed=1), weights, kind, opt)
+    if kind != "sgd":
+        some = dict(opt)
+        name = next(k for k in some if not k.endswith(".step"))
+        some[name] = some[name][:1]
+        with pytest.raises(DenseStateError, match=rf"`{name}` is \["):
+            check_dense_state(model, weights, kind, some)
 
 
 def test_bad_configs_are_refused_with_a_message():
