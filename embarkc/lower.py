@@ -55,6 +55,9 @@ FIELD_KEY = {
     "reads": "table",
 }
 FEATURE_FIELDS = ("hotness", "pooling", "weighted", "access")
+DTYPE_MAX = {"fp32": 3.4028234663852886e38, "fp16": 65504.0, "bf16": 3.3895313892515355e38}
+"""The largest finite value of each table dtype."""
+
 TABLE_FIELDS = ("rows", "dim", "dtype", "optimizer", "init")
 
 OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
@@ -651,9 +654,30 @@ class Lowerer:
                 ok = False
             else:
                 kw["init"] = init
+                dtype = kw.get("dtype", "fp32")
+                if not self._init_fits(init, dtype) and self._once(("init", id(fld.tree), dtype)):
+                    self.error(
+                        f"`init {init.kind}(...)` gives values beyond the largest {dtype} "
+                        f"({DTYPE_MAX[dtype]:.4g}): the table would start at infinity",
+                        fld.span,
+                        "choose a smaller init (embeddings start near 0, e.g. "
+                        "`uniform(-0.05, 0.05)`)"
+                        + (", or `dtype fp32`" if dtype == "fp16" else ""),
+                    )
+                    ok = False
         if not ok:
             raise _Fail
         return self.build(ir.Table, span, name=name, span=ir.SpanModel.of(span), **kw)
+
+    @staticmethod
+    def _init_fits(init: ir.Init, dtype: str) -> bool:
+        """Whether `init` draws values that `dtype` holds (a normal: within 6 std)."""
+        top = DTYPE_MAX[dtype]
+        if init.kind == "uniform":
+            return max(abs(init.low), abs(init.high)) <= top
+        if init.kind == "normal":
+            return abs(init.mean) + 6 * init.std <= top
+        return abs(init.value) <= top
 
     def _group_name(self, b: Block) -> str:
         rng = parts(b.tree)[0]
@@ -1332,18 +1356,108 @@ class Lowerer:
                         span,
                         "use `no_column_split`, or `adagrad`",
                     )
-        pinned = {c.table: c.cluster for c in constraints}
-        for group in colocate:
-            kinds = {pinned.get(n) for n in group.tables} - {None}
-            if "dp" in kinds and len(kinds) > 1:
-                dp = next(n for n in group.tables if pinned.get(n) == "dp")
-                other = next(n for n in group.tables if pinned.get(n) not in (None, "dp"))
-                assert group.span is not None
+        self.check_colocated(by_name, constraints, colocate, topo)
+
+    def check_colocated(
+        self,
+        by_name: dict[str, ir.Table],
+        constraints: list[ir.TableConstraint],
+        colocate: list[ir.Colocate],
+        topo: ir.Topology,
+    ) -> None:
+        """A colocate group (groups sharing a table merge) is placed as one unit of one
+        cluster kind on one grid: its members' pins and shard bounds must agree (the
+        planner's `clusters.units_of` holds the same rules; here they are errors at the
+        `colocate` line, found by `check` too)."""
+        of = {c.table: c for c in constraints}
+        order = {n: i for i, n in enumerate(by_name)}
+        parent: dict[str, int] = {}  # table -> index of its merged group
+        groups: list[tuple[set[str], ir.Colocate]] = []
+        for col in colocate:
+            members = {n for n in col.tables if n in by_name}
+            joined = sorted({parent[n] for n in members if n in parent})
+            if joined:
+                keep = joined[0]
+                for k in joined[1:]:
+                    members |= groups[k][0]
+                    groups[k] = (set(), groups[k][1])
+                groups[keep] = (groups[keep][0] | members, groups[keep][1])
+            else:
+                keep = len(groups)
+                groups.append((members, col))
+            for n in groups[keep][0]:
+                parent[n] = keep
+        for members, col in groups:
+            if len(members) < 2 or col.span is None:
+                continue
+            names = sorted(members, key=order.__getitem__)
+            span = col.span.to_span()
+            pins: dict[str, str] = {}
+            for n in names:
+                pin = of[n].cluster if n in of else None
+                if pin is not None:
+                    pins[n] = pin
+            kinds = sorted(set(pins.values()))
+            if len(kinds) > 1:
+                a = next(n for n in names if pins.get(n) == kinds[0])
+                b = next(n for n in names if pins.get(n) == kinds[1])
+                if "dp" in (pins[a], pins[b]):
+                    dp, other = (a, b) if pins[a] == "dp" else (b, a)
+                    self.error(
+                        f"`colocate` joins `{dp}` (pinned `dp`, on every GPU) with `{other}` "
+                        f"(pinned `{pins[other]}`)",
+                        span,
+                        "dp tables are everywhere already: leave them out of `colocate`",
+                    )
+                else:
+                    self.error(
+                        f"`colocate` joins `{a}` (pinned `{pins[a]}`) with `{b}` (pinned "
+                        f"`{pins[b]}`): a colocated group is one unit of one cluster kind",
+                        span,
+                        "pin them to the same kind, or drop the colocate",
+                    )
+                continue
+            within = [n for n in names if n in of and of[n].within_node]
+            if kinds == ["dp"] and within and topo.nodes > 1:
                 self.error(
-                    f"`colocate` joins `{dp}` (pinned `dp`, on every GPU) with `{other}` "
-                    f"(pinned `{pinned[other]}`)",
-                    group.span.to_span(),
-                    "dp tables are everywhere already: leave them out of `colocate`",
+                    f"`colocate` joins `{within[0]}` (`within_node`) with tables pinned `dp` "
+                    "(on every GPU of every node)",
+                    span,
+                    "drop `within_node`, or pin the group to `rb` or `ub`",
+                )
+                continue
+            # the group's one grid: the largest minimum and the smallest maximum of each
+            bounds = []
+            for axis in ("row", "column"):
+                lo, lo_by, hi, hi_by = 1, "", None, ""
+                for n in names:
+                    t, c = by_name[n], of.get(n)
+                    if axis == "row":
+                        cap, cap_by = t.rows, f"`{n}` ({t.rows:,} rows)"
+                        low = c.min_row_shards if c else 1
+                        high = c.max_row_shards if c else None
+                    else:
+                        cap, cap_by = max(1, t.dim // 4), f"`{n}` (dim {t.dim})"
+                        if t.optimizer.kind == "rowwise_adagrad":
+                            cap, cap_by = 1, f"`{n}` (rowwise_adagrad)"
+                        low = c.min_column_shards if c else 1
+                        high = c.max_column_shards if c else None
+                    if high is not None and high < cap:
+                        cap, cap_by = high, f"`{n}`"
+                    if hi is None or cap < hi:
+                        hi, hi_by = cap, cap_by
+                    if low > lo:
+                        lo, lo_by = low, f"`{n}`"
+                if hi is not None and lo > hi:
+                    bounds.append(
+                        f"{lo_by} asks for at least {lo} {axis} shards, {hi_by} allows at most {hi}"
+                    )
+            if bounds:
+                self.error(
+                    "the tables of this `colocate` share one grid, and their shard bounds "
+                    "contradict each other: " + "; ".join(bounds),
+                    span,
+                    "relax the bounds, or drop the colocate",
                 )
 
     def check_memory(

@@ -209,6 +209,9 @@ def check_text(data: bytes, filename: str, limit: int = MAX_SOURCE_BYTES) -> str
     return text
 
 
+BOM = "\ufeff"
+
+
 def parse(text: str, filename: str = "<spec>") -> Tree:
     """Parse a spec's text; raise `EmbarkError` (with the source attached) on a syntax error."""
     return parse_with_comments(text, filename)[0]
@@ -218,6 +221,10 @@ def parse_with_comments(text: str, filename: str = "<spec>") -> tuple[Tree, list
     """Parse, also returning the comments in source order (for the formatter)."""
     if "\0" in text:
         check_text(text.encode("utf-8", "surrogatepass"), filename)
+    if text.startswith(BOM):
+        # a byte-order mark that some editors write: parsed as the space it stands for,
+        # so that columns stay right and the text (and its sha256) stays the file's
+        text = " " + text[1:]
     _COMMENTS.clear()
     try:
         tree = _parser().parse(text)
@@ -452,6 +459,8 @@ def _diagnostic(e: UnexpectedInput, text: str, filename: str) -> Diagnostic:
             hint = "fields are separated by spaces or new lines, without `;`"
         if ch == "'":
             hint = 'strings use double quotes: "file"'
+        if ch == BOM:
+            hint = "a byte-order mark (U+FEFF) belongs only at the very start of a file: delete it"
         width = max(len(word), 1) if word else 1
         return Diagnostic(msg, Span(filename, line, col, line, col + width), hint)
     return Diagnostic(str(e).splitlines()[0], Span(filename, line, col, line, col + 1))

@@ -110,7 +110,7 @@ def parse_number(text: str) -> Decimal:
     if not value.is_finite() or value.adjusted() > 40:
         raise UnitError(
             f"number `{shorten(text)}` is too large",
-            f"sizes and counts must be below 2^63 ({MAX_INT:.2e})",
+            f"a spec's numbers stay below 1e41 (sizes and counts below 2^63, {MAX_INT:.2e})",
         )
     return value
 

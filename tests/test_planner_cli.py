@@ -350,8 +350,8 @@ def test_a_plan_command_that_took_longer_than_its_limit_warns(tmp_path, capsys, 
 
 
 def test_contradicting_bounds_of_a_colocate_group_say_which_table_set_each(tmp_path, capsys):
-    """Each table's bounds are fine alone; joined they leave no grid. The error, raised by
-    the planner after lowering, still shows the colocate line with its caret."""
+    """Each table's bounds are fine alone; joined they leave no grid. The error, found by
+    the lowering (so `check` reports it too), shows the colocate line with its caret."""
     spec = tmp_path / "colo.embark"
     spec.write_text(
         small_hardware(8, "1 GiB") + "defaults { hotness 1 }\n"
@@ -360,10 +360,11 @@ def test_contradicting_bounds_of_a_colocate_group_say_which_table_set_each(tmp_p
         "model { batch 16 }\n"
         "plan { table t1 { row_shards 3 column_shards 2 } colocate t1, t2 }\n"
     )
-    assert main(["plan", str(spec)]) == 2
-    err = capsys.readouterr().err
-    assert f"{spec}:6:50: error: the shard bounds of t1, t2 contradict each other: " in err
-    assert "t1 asks for at least 3 row shards, t2 (2 rows) allows at most 2" in err
-    assert "t1 asks for at least 2 column shards, t2 (rowwise_adagrad) allows at most 1" in err
-    assert "  6 | plan { table t1 { row_shards 3 column_shards 2 } colocate t1, t2 }" in err
-    assert "hint: a colocate group shares one grid" in err
+    for command in ("check", "plan"):
+        assert main([command, str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert f"{spec}:6:50: error: the tables of this `colocate` share one grid, and " in err
+        assert "`t1` asks for at least 3 row shards, `t2` (2 rows) allows at most 2" in err
+        assert "`t1` asks for at least 2 column shards, `t2` (rowwise_adagrad) allows at" in err
+        assert "  6 | plan { table t1 { row_shards 3 column_shards 2 } colocate t1, t2 }" in err
+        assert "hint: relax the bounds, or drop the colocate" in err

@@ -88,7 +88,17 @@ plan {
   table t1 { cluster ub }
 }
 """
-    program = load_program_text(spec, "colo.embark")
+    with pytest.raises(EmbarkError) as e:
+        load_program_text(spec, "colo.embark")
+    (d,) = e.value.diagnostics
+    assert "`colocate` joins `t0` (pinned `rb`) with `t1` (pinned `ub`)" in d.message
+    assert (d.span.file, d.span.line, d.span.col) == ("colo.embark", 5, 3)
+    # a program built without the lowering (an API user's) meets the planner's own check
+    program = load_program_text(spec.replace("cluster ub", "cluster rb"), "colo.embark")
+    ub = program.constraint_of["t1"].model_copy(update={"cluster": "ub"})
+    rest = tuple(c for c in program.constraints if c.table != "t1")
+    fields = {k: getattr(program, k) for k in type(program).model_fields}
+    program = type(program)(**{**fields, "constraints": (*rest, ub)})  # no cached lookups
     with pytest.raises(EmbarkError) as e:
         plan_program(program, solver="greedy", time_limit=1)
     (d,) = e.value.diagnostics
