@@ -142,3 +142,24 @@ def test_a_start_that_cannot_fit_stops_splitting_once_its_cells_are_fine(monkeyp
     old = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 256
     assert old.estimate.step_time == plan.estimate.step_time
+
+
+def test_a_cluster_beyond_what_the_planner_plans_is_refused_at_its_hardware() -> None:
+    """The language allows 2^26 GPUs; the planner plans up to MAX_PLANNED_GPUS (131,072)
+    and says so, rather than running out of memory building per-rank arrays."""
+    import pytest
+
+    from embarkc.diagnostics import EmbarkError
+    from embarkc.planner import MAX_PLANNED_GPUS
+
+    spec = (
+        "hardware { preset dgx_h100 nodes 65536 gpus_per_node 4 }\n"
+        "table a { rows 1000 dim 16 hotness 1 }\nmodel { batch 262144 }\n"
+    )
+    program = load_program_text(spec, "big.embark")
+    assert program.topology.world_size == 2 * MAX_PLANNED_GPUS
+    with pytest.raises(EmbarkError) as e:
+        plan_program(program, solver="greedy", time_limit=1)
+    (d,) = e.value.diagnostics
+    assert d.message == "the cluster has 262,144 GPUs; the planner plans at most 131,072"
+    assert (d.span.file, d.span.line) == ("big.embark", 1)
