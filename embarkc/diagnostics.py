@@ -55,6 +55,8 @@ class Diagnostic:
     hint: str | None = None
     severity: str = "error"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    more_follow: bool = False
+    """The last diagnostic a cap kept (`syntax.MAX_SYNTAX_ERRORS`): its file has more."""
 
     def render(self, sources: dict[str, str] | None = None) -> str:
         """Render as text; `sources` maps file names to their text for the caret line."""
@@ -114,7 +116,9 @@ class EmbarkError(Exception):
     def render(self) -> str:
         body = "\n".join(d.render(self.sources) for d in self.diagnostics)
         n = sum(1 for d in self.diagnostics if d.severity == "error")
-        if n > 1:
+        if any(d.more_follow for d in self.diagnostics):
+            body += f"\n{n} errors shown, and more after them: fix these and run again"
+        elif n > 1:
             body += f"\n{n} errors"
         return body
 

@@ -305,11 +305,12 @@ def _later_errors(first: UnexpectedInput, text: str, filename: str) -> list[Diag
     item were alone (an error at an item's keyword belongs to the item before; an error
     at a word that starts an item but is no item keyword, a misspelt `tabel`, is that
     item's own). Parsing resumes at the item after each error; positions are shifted back
-    to the whole file."""
+    to the whole file. At most `MAX_SYNTAX_ERRORS - 1` are returned; when an item after
+    the last of them has an error too, that last one is marked `more_follow`."""
     pos = _error_pos(first)
     starts = _items(text) if pos is not None else None
     out: list[Diagnostic] = []
-    while starts and pos is not None and len(out) < MAX_SYNTAX_ERRORS - 1:
+    while starts and pos is not None:
         i = bisect_left(starts, pos)
         if i < len(starts) and starts[i] == pos:
             word = re.match(r"\w+", text[pos:])
@@ -324,6 +325,10 @@ def _later_errors(first: UnexpectedInput, text: str, filename: str) -> list[Diag
             _parser().parse(rest)
             break
         except UnexpectedInput as e:
+            if len(out) == MAX_SYNTAX_ERRORS - 1:
+                # parsed only to know that the cap hid something
+                out[-1] = replace(out[-1], more_follow=True)
+                break
             out.append(_shifted(_diagnostic(e, rest, filename), text, start))
             at = _error_pos(e)
             pos = None if at is None else start + max(at, 1)

@@ -177,3 +177,41 @@ def test_memory_use_counts_a_dp_pinned_table_on_every_gpu(tmp_path, capsys) -> N
         "memory use            47.9% of 600.0 KiB (312.9 KiB headroom; the 1 table pinned "
         "to dp counted on every GPU)" in out
     )
+
+
+def test_dump_ir_of_several_specs_is_one_json_object_by_path(tmp_path, capsys) -> None:
+    """Not one JSON document after another (which no JSON reader takes): one object, each
+    path as given mapped to its IR; nothing on stdout when a spec does not lower."""
+    other = tmp_path / "other.embark"
+    other.write_text(
+        small_hardware(2, "300 KiB") + "table t { rows 10 dim 4 hotness 1 }\nmodel { batch 16 }\n"
+    )
+    assert main(["check", "--dump", "ir", str(TINY), str(other)]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert list(both) == [str(TINY), str(other)]
+    assert main(["check", "--dump", "ir", str(TINY)]) == 0
+    assert both[str(TINY)] == json.loads(capsys.readouterr().out)
+    assert [t["name"] for t in both[str(other)]["tables"]] == ["t"]
+    bad = tmp_path / "bad.embark"
+    bad.write_text("table a { rows -1 }\n")
+    assert main(["check", "--dump", "ir", str(TINY), str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "rows must be positive" in captured.err
+
+
+def test_dump_ast_takes_one_spec(tmp_path, capsys) -> None:
+    assert main(["check", "--dump", "ast", str(TINY), str(TINY)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "error: --dump ast takes one spec" in captured.err
+    assert "use --dump ir (one JSON object for all specs)" in captured.err
+    assert main(["check", "--dump", "ast", str(TINY)]) == 0
+    assert capsys.readouterr().out.startswith("start\n")
+
+
+def test_the_error_count_is_not_the_cap_of_syntax_errors_shown(tmp_path, capsys) -> None:
+    spec = tmp_path / "many.embark"
+    spec.write_text("".join(f"table t{i} {{ rows 10 dim 4 hotness 1 bogus }}\n" for i in range(25)))
+    assert main(["check", str(spec)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "20 errors shown, and more after them: fix these and run again", last

@@ -174,3 +174,21 @@ def test_fmt_refuses_a_spec_that_does_not_parse(
     assert main(["fmt", str(bad)]) == EXIT_USER_ERROR
     assert "never closed" in capsys.readouterr().err
     assert bad.read_text() == "table a { rows 10\n"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="emit.atomic_write gives every file 0644; write_output must pass the existing "
+    "target's mode (reported to the lead: emit.py is not ours to edit)",
+)
+def test_fmt_keeps_the_permissions_of_the_spec(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    spec = tmp_path / "private.embark"
+    for mode in (0o600, 0o640, 0o664):
+        spec.write_text(MESSY)
+        os.chmod(spec, mode)
+        assert main(["fmt", str(spec)]) == EXIT_OK
+        assert spec.read_text() == CANONICAL
+        assert stat.S_IMODE(spec.stat().st_mode) == mode

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from embark_runtime.plan import load_plan
 from embarkc.cli import main
 from tests.conftest import small_hardware
@@ -237,11 +239,77 @@ def test_dump_prints_each_stage_and_stops(tmp_path, capsys):
     assert main(["plan", TINY, "--dump", "ir"]) == 0
     ir = json.loads(capsys.readouterr().out)
     assert [t["name"] for t in ir["tables"]][:2] == ["country", "item"]
+    assert main(["plan", TINY, "--dump", "plan", "--solver", "greedy"]) == 0
+    assert parse_plan(capsys.readouterr().out).planner.solver == "greedy"
+
+
+def test_dump_with_an_output_file_is_refused_before_any_work(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["plan", TINY, "--dump", "plan", "--solver", "greedy", "-o", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert parse_plan(text).planner.solver == "greedy"
-    assert not out.exists(), "--dump stops before writing"
+    for stage in ("ast", "ir", "plan"):
+        assert main(["plan", TINY, "--dump", stage, "--solver", "greedy", "-o", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert f"error: --dump {stage} prints on stdout; drop -o or --dump" in captured.err
+        assert captured.out == ""
+    assert not out.exists()
+
+
+def test_an_output_path_that_names_no_file_is_refused_before_any_work(
+    tmp_path, capsys, monkeypatch
+):
+    """An empty -o, and a path that is (or is spelt as) a folder: refused, nothing written
+    (`-o new/` used to write a file named `new`, `-o ''` nothing at all, with exit 0)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plans").mkdir()
+    folder = "a path ending in `{}` names a folder, give a file name"
+    cases = {
+        "": ("-o is empty", "e.g. plan.json (or - for stdout)"),
+        "new/": (folder.format("/"), "e.g. -o new/plan.json"),
+        "new/.": (folder.format("."), "e.g. -o new/plan.json"),
+        "plans": ("it is a folder, give a file name", "e.g. -o plans/plan.json"),
+        "plans/": ("it is a folder, give a file name", "e.g. -o plans/plan.json"),
+    }
+    for output, (message, hint) in cases.items():
+        assert main(["plan", TINY, "--solver", "greedy", "-o", output]) == 2, output
+        err = capsys.readouterr().err
+        assert message in err and hint in err and "internal error" not in err, (output, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plans"]
+    assert list((tmp_path / "plans").iterdir()) == []
+
+
+def test_an_output_of_a_dash_is_standard_output(tmp_path):
+    """-o - prints the plan alone on stdout (the summary on stderr) and writes no file."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "embarkc.cli", "plan", TINY, "--solver", "greedy", "-o", "-"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["format"] == "embark-plan"
+    assert "step time" in r.stderr and "wrote -" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="emit.atomic_write gives every file 0644; write_output must pass the existing "
+    "target's mode (reported to the lead: emit.py is not ours to edit)",
+)
+def test_an_existing_plan_keeps_its_permissions(tmp_path):
+    import os
+    import stat
+
+    out = tmp_path / "plan.json"
+    for mode in (0o600, 0o640):
+        out.write_text("old")
+        os.chmod(out, mode)
+        assert main(["plan", TINY, "--solver", "greedy", "-o", str(out)]) == 0
+        assert load_plan(out).planner.solver == "greedy"
+        assert stat.S_IMODE(out.stat().st_mode) == mode
 
 
 def test_bad_solver_options_are_named_before_any_work(capsys):

@@ -10,12 +10,15 @@ contract is checked, and the summary says so.
 
 Exit 0 when every file is valid, 2 when any is not (its diagnostics on stderr; the
 other files are still checked). `--dump ast` prints the parse tree of a spec's root
-file, `--dump ir` the lowered `Program` as JSON, instead of the summary.
+file (one spec only), `--dump ir` the lowered `Program` as JSON, instead of the summary;
+with several specs `--dump ir` prints one JSON object mapping each path, as given, to its
+IR, and only when every spec lowers (stdout holds all of them or nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "specs", nargs="+", metavar="SPEC|PLAN", help="spec files (.embark) or plans (.json)"
     )
     p.add_argument(
-        "--dump", choices=("ast", "ir"), help="print the parse tree or the IR (JSON) instead"
+        "--dump",
+        choices=("ast", "ir"),
+        help="print the parse tree (of one spec) or the IR (JSON) instead; with several "
+        "specs, ir is one JSON object mapping each path to its IR",
     )
 
 
@@ -91,6 +97,14 @@ def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import PlanError
     from embarkc.frontend import dump_ast, dump_ir, is_plan_file, load_program
 
+    several = len(args.specs) > 1
+    if args.dump == "ast" and several:
+        raise EmbarkError.at(
+            args.specs[1],
+            "--dump ast takes one spec (parse trees are text: several would run together)",
+            hint="run it once per spec, or use --dump ir (one JSON object for all specs)",
+        )
+    irs: dict[str, Any] = {}
     status = EXIT_OK
     for spec in args.specs:
         if not Path(spec).exists():
@@ -124,9 +138,14 @@ def run(args: argparse.Namespace) -> int:
             status = EXIT_USER_ERROR
             continue
         if args.dump == "ir":
-            print(dump_ir(program))
+            if several:
+                irs[spec] = json.loads(dump_ir(program))
+            else:
+                print(dump_ir(program))
             continue
         _print_summary(spec, program)
+    if args.dump == "ir" and several and status == EXIT_OK:
+        print(json.dumps(irs, indent=2))
     return status
 
 

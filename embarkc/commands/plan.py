@@ -2,22 +2,24 @@
 
 Prints the per-rank time and memory (the busiest ranks and a summary when there are many),
 the clusters, the solver's status and the baselines; `-o` writes plan.json
-(deterministic bytes); `--explain TABLE` prints the cost of every alternative for one
-table (kind x grid, placed on the least-loaded ranks of the chosen plan) and why it lost.
-Progress goes to stderr during long searches.
+(deterministic bytes; `-o -` prints it alone on stdout, the summary on stderr);
+`--explain TABLE` prints the cost of every alternative for one table (kind x grid, placed
+on the least-loaded ranks of the chosen plan) and why it lost. Progress goes to stderr
+during long searches.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from embarkc.diagnostics import EXIT_OK, Diagnostic, print_warnings
+from embarkc.diagnostics import EXIT_OK, Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import STRATEGIES
 
 HELP = "plan the sharding of a spec (clusters, 3D shards, ranks) and print its cost"
@@ -28,7 +30,13 @@ SHOWN_RANKS = 8
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="SPEC", help="spec file (.embark)")
-    p.add_argument("-o", "--output", metavar="PLAN", help="write the plan (plan.json) here")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PLAN",
+        help="write the plan (plan.json) to this file; - prints it alone on stdout (the "
+        "summary then goes to stderr)",
+    )
     p.add_argument("--strategy", choices=STRATEGIES, help="search or fixed baseline strategy")
     p.add_argument("--solver", choices=("greedy", "cp-sat"), help="refinement after greedy")
     p.add_argument(
@@ -41,8 +49,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, metavar="N", help="solver seed")
     p.add_argument("--explain", metavar="TABLE", help="show every alternative for TABLE")
     p.add_argument(
-        "--dump", choices=("ast", "ir", "plan"), help="print this stage on stdout and stop"
+        "--dump",
+        choices=("ast", "ir", "plan"),
+        help="print this stage on stdout and stop (not with -o)",
     )
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an `-o` that cannot name the plan's file: an empty one, one
+    with `--dump` (which prints on stdout), a folder or a path spelt as one (`new/`, which
+    the write would otherwise turn into a file named `new`)."""
+    out = args.output
+    if out is None:
+        return
+    if args.dump is not None:
+        raise EmbarkError.at(args.spec, f"--dump {args.dump} prints on stdout; drop -o or --dump")
+    if not out:
+        raise EmbarkError.at(
+            args.spec, "-o is empty", hint="give -o a file path, e.g. plan.json (or - for stdout)"
+        )
+    if out == "-":
+        return
+    if Path(out).is_dir():
+        raise EmbarkError.at(
+            out,
+            "cannot write the plan: it is a folder, give a file name",
+            hint=f"e.g. -o {Path(out) / 'plan.json'}",
+        )
+    last = os.path.basename(out)
+    if last in ("", ".", ".."):
+        raise EmbarkError.at(
+            out,
+            f"cannot write the plan: a path ending in `{last or out[-1]}` names a folder, "
+            "give a file name",
+            hint=f"e.g. -o {os.path.join(os.path.normpath(out), 'plan.json')}",
+        )
 
 
 def _ms(x: float) -> str:
@@ -62,11 +103,11 @@ _clock = time.perf_counter
 def run(args: argparse.Namespace) -> int:
     entered = _clock()
     from embarkc.commands import check_planner_options
-    from embarkc.diagnostics import EmbarkError
     from embarkc.frontend import dump_ast, dump_ir, load_program
     from embarkc.planner import plan_program, plan_to_json, warn_ignored_constraints
 
     check_planner_options(args, args.spec)
+    _check_output(args)
     if args.dump == "ast":
         print(dump_ast(args.spec))
         return EXIT_OK
@@ -94,15 +135,9 @@ def run(args: argparse.Namespace) -> int:
         )
     # say what cannot be written before planning (a CP-SAT search can take its whole time
     # limit)
-    if args.output and args.dump is None:
+    if args.output and args.output != "-":
         from embarkc.commands import refuse_overwriting_inputs
 
-        if Path(args.output).is_dir():
-            raise EmbarkError.at(
-                args.output,
-                "cannot write the plan: it is a folder",
-                hint=f"give -o a file path, e.g. {Path(args.output) / 'plan.json'}",
-            )
         refuse_overwriting_inputs(args.output, [s.path for s in program.sources], "the plan")
     start = time.perf_counter()
     kwargs = dict(
@@ -129,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
         from embarkc.emit import is_stdout, write_output
 
         text = plan_to_json(plan)
-        if is_stdout(Path(args.output)):
-            # -o /dev/stdout: the plan alone on standard output (appended where it stands,
-            # as any write to it), the summary on standard error
+        if args.output == "-" or is_stdout(Path(args.output)):
+            # -o - or -o /dev/stdout: the plan alone on standard output (appended where it
+            # stands, as any write to it), the summary on standard error
             sys.stdout.write(text)
             sys.stdout.flush()
             summary_to = sys.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 HELP = "draw a plan (or a spec, planned on the fly) as an HTML page or a PNG/SVG figure"
@@ -26,6 +27,21 @@ def run(args: argparse.Namespace) -> int:
     from embarkc.diagnostics import EXIT_OK, EmbarkError
 
     out = Path(args.output)
+    if not args.output:
+        raise EmbarkError.at(args.input, "-o is empty", hint="give -o a file, e.g. plan.html")
+    last = os.path.basename(args.output)
+    if out.is_dir() or last in ("", ".", ".."):
+        # Path() drops a trailing `/`: `-o new.html/` would write a file `new.html`
+        why = (
+            "it is a folder"
+            if out.is_dir()
+            else f"a path ending in `{last or args.output[-1]}` names a folder"
+        )
+        raise EmbarkError.at(
+            args.output,
+            f"cannot write the report: {why}, give a file name",
+            hint=f"e.g. -o {os.path.join(os.path.normpath(args.output), 'plan.html')}",
+        )
     if out.suffix.lower() not in (".html", ".htm", ".png", ".svg"):
         raise EmbarkError.at(args.output, "the output must end in .html, .png or .svg")
     refuse_overwriting_inputs(out, [args.input], "the report")
