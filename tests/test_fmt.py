@@ -176,11 +176,6 @@ def test_fmt_refuses_a_spec_that_does_not_parse(
     assert bad.read_text() == "table a { rows 10\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="emit.atomic_write gives every file 0644; write_output must pass the existing "
-    "target's mode (reported to the lead: emit.py is not ours to edit)",
-)
 def test_fmt_keeps_the_permissions_of_the_spec(tmp_path: Path) -> None:
     import os
     import stat

@@ -21,7 +21,7 @@ from typing import Any
 
 from embark_runtime.plan import Plan
 from embarkc.diagnostics import EmbarkError
-from embarkc.emit import GeneratedFile
+from embarkc.emit import GeneratedFile, printable
 from embarkc.ir import Program
 
 TEMPLATES = ("train.py", "launch.sh", "README.md")
@@ -32,7 +32,9 @@ def py(value: Any) -> str:
     """A Python literal for a str, int, float, bool, None or (nested) tuple/list of those.
 
     Floats use repr (the shortest text that reads back to the same double), lowercase
-    exponents as ruff format writes them; tuples of one element keep their comma.
+    exponents as ruff format writes them; tuples of one element keep their comma. Strings
+    are double-quoted, as ruff format writes them, with what is not printable escaped as
+    repr escapes it (`printable`): a newline in a value cannot end the literal.
     """
     if value is None or isinstance(value, bool | int):
         return repr(value)
@@ -41,7 +43,7 @@ def py(value: Any) -> str:
             raise ValueError(f"cannot spell {value!r} as a Python literal")
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + printable(value).replace('"', '\\"') + '"'
     if isinstance(value, tuple | list):
         items = ", ".join(py(v) for v in value)
         return f"({items},)" if len(value) == 1 else f"({items})"
@@ -75,6 +77,17 @@ def feature_width(pooling: str, hotness: float, dim: int) -> int:
     if pooling == "concat":
         return int(round(hotness)) * dim
     return dim
+
+
+def md_code(text: str) -> str:
+    """`text` (a path: free text) as a Markdown code span: `printable` (one line), fenced
+    by one backtick more than its longest run of backticks, so that nothing in it is read
+    as Markdown or HTML (CommonMark strips the one space of padding added on each side
+    when it starts or ends with a backtick or a space)."""
+    text = printable(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _human_bytes(n: float) -> str:
@@ -167,7 +180,7 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         )
     return {
         "name": program.name,
-        "spec": spec_path,
+        "spec": md_code(spec_path),
         "world_size": world,
         "nodes": topo.nodes,
         "gpus_per_node": topo.gpus_per_node,

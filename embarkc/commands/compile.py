@@ -3,7 +3,9 @@
 Writes into DIR (through embarkc.emit, the only stage that touches disk): plan.json,
 kernels/*.cu, train.py, launch.sh, README.md and manifest.json. Files whose bytes did not
 change are left alone. A file of DIR that no earlier compile wrote (a user's README.md),
-or the spec itself, is never replaced: the command stops before writing anything.
+the spec, a file it includes or a histogram it reads is never replaced, and nothing is
+written through a link or outside DIR: the command stops before writing anything. A
+compile that fails while writing (a full disk) leaves DIR as it was.
 `--dump ast|ir|plan` prints that stage's value on stdout and stops (no output folder
 needed).
 """
@@ -23,6 +25,9 @@ SOLVERS = ("greedy", "cp-sat")
 
 TOP_LEVEL_OUTPUTS = ("plan.json", "train.py", "launch.sh", "README.md")
 """The outputs whose names do not depend on the plan (the kernels' do)."""
+
+KERNELS = "kernels"
+"""The folder of the kernels (every plan has some: each table needs its pack kernels)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
     spec = args.spec
     if args.dump is None and not args.output:
         raise EmbarkError.at(spec, "no output folder", hint="pass -o DIR (or --dump ast|ir|plan)")
+    if args.dump is not None and args.output is not None:
+        raise EmbarkError.at(spec, f"--dump {args.dump} prints on stdout; drop -o or --dump")
+    if args.output == "-":
+        raise EmbarkError.at(
+            spec, "-o names the output folder; `-` (stdout) holds no folder", hint="e.g. -o out"
+        )
     check_planner_options(args, spec)
     if args.dump == "ast":
         print(dump_ast(spec))
@@ -65,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
         print(dump_ir(program))
         return 0
 
-    from embarkc.emit import check_overwrites
+    from embarkc.emit import check_overwrites, input_paths
 
-    inputs = [s.path for s in program.sources]
+    inputs = input_paths(program)
     if args.dump is None:
         # before planning, which can take the whole time limit; emit checks every output
-        check_overwrites(args.output, TOP_LEVEL_OUTPUTS, inputs)
+        check_overwrites(args.output, TOP_LEVEL_OUTPUTS, inputs, folders=(KERNELS,))
 
     from embark_runtime.plan import dumps_plan
     from embarkc.planner import plan_program, warn_ignored_constraints
@@ -102,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
             inputs=inputs,
         )
     except OSError as e:
-        raise EmbarkError.at(args.output, f"cannot write: {e.strerror or e}") from None
+        where = e.filename if isinstance(e.filename, str) else args.output
+        raise EmbarkError.at(where, f"cannot write: {e.strerror or e}") from None
     if not args.quiet:
         print(
             f"{args.output}: {len(result.written)} written, {len(result.unchanged)} unchanged"

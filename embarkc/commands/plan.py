@@ -137,8 +137,10 @@ def run(args: argparse.Namespace) -> int:
     # limit)
     if args.output and args.output != "-":
         from embarkc.commands import refuse_overwriting_inputs
+        from embarkc.emit import input_paths
 
-        refuse_overwriting_inputs(args.output, [s.path for s in program.sources], "the plan")
+        # the spec, its includes and the histograms they read
+        refuse_overwriting_inputs(args.output, input_paths(program), "the plan")
     start = time.perf_counter()
     kwargs = dict(
         strategy=args.strategy, solver=args.solver, time_limit=args.time_limit, seed=args.seed

@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from embarkc import diff, report
     from embarkc.commands import refuse_overwriting_inputs
     from embarkc.diagnostics import EXIT_OK, EmbarkError
+    from embarkc.emit import input_paths
 
     out = Path(args.output)
     if not args.output:
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise diff.plan_error_to_embark(e) from None
     program = side.program or diff.program_of_plan(side.plan, side.label)
     if program is not None:
-        refuse_overwriting_inputs(out, [s.path for s in program.sources], "the report")
+        refuse_overwriting_inputs(out, input_paths(program), "the report")
     data = report.report_data(side.plan, program, label=args.input)
     report.write_report(data, out)
     print(f"wrote {out}")
