@@ -12,9 +12,15 @@ A `PlanView` takes the costs from the plan's own estimate fields when embarkc wr
 outside tool carries only the contract fields; it is re-costed with the project's cost
 model when its program is known (a spec on either side with the same tables, or the spec
 the plan names, found unchanged), else the diff shows what the contract allows (step
-time, per-rank time and memory) and says so. A plan whose layout was edited after embarkc
+time, per-rank time) and says so. A plan whose layout was edited after embarkc
 costed it (`estimate.layout_sha256` no longer matches) is re-costed the same way; when no
-program can be found its stale figures are shown with a note saying so.
+program can be found its stale figures are shown with a note saying so. Memory, per rank
+and per table, is always counted from the cells (exact, whatever an estimate says).
+
+Plans' inputs (topology, features) are compared where both plans record a field: a
+field only one of them gives (embarkc's own, absent from another tool's plan) is listed
+once as not compared, and the loader's default for it is never shown as a change. Ranks
+differ when their memory does or their times differ beyond the files' rounding.
 
 Everything here is deterministic: the same inputs give byte-identical output.
 """
@@ -32,6 +38,7 @@ from embark_runtime.plan import Plan, PlanError, load_plan
 from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import Program
 from embarkc.migration import Migration, migration_cost
+from embarkc.planner.check import format_number
 
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
 """Components of a rank's step time (docs/communication.md), in display order."""
@@ -88,8 +95,10 @@ def load_side(path: str) -> Side:
 
 class RankView(_Frozen):
     rank: int
-    time: float
+    time: float | None
+    """Seconds per step; None when the plan gives no per-rank estimate."""
     memory_bytes: int
+    """Weights and optimizer state, counted from the cells (whatever the estimate says)."""
     components: dict[str, float] | None = None
 
 
@@ -214,50 +223,37 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
         else:
             source = "contract" if lacks else "stale"
 
-    per_rank_raw = _get(estimate, "per_rank") or []
+    # memory is exact from the cells, whatever the estimate says (a stale or hand-edited
+    # estimate, or another tool's that counts something else); the loader lets per_rank
+    # list every rank once or none
+    given = {int(_get(r, "rank")): r for r in _get(estimate, "per_rank") or []}
     ranks: list[RankView] = []
-    for r in per_rank_raw:
+    for i, mem in enumerate(plan.memory_by_rank()):
+        r = given.get(i)
         ranks.append(
             RankView(
-                rank=int(_get(r, "rank")),
-                time=float(_get(r, "time")),
-                memory_bytes=int(_get(r, "memory_bytes")),
-                components=_components(_get(r, "components")),
+                rank=i,
+                time=None if r is None else float(_get(r, "time")),
+                memory_bytes=mem,
+                components=None if r is None else _components(_get(r, "components")),
             )
         )
-    ranks.sort(key=lambda r: r.rank)
-    if source == "stale" and len(ranks) == plan.world_size:
-        # memory is exact from the cells, whatever the estimate says
-        memory = plan.memory_by_rank()
-        ranks = [
-            r.model_copy(update={"memory_bytes": m}) for r, m in zip(ranks, memory, strict=True)
-        ]
-    if len(ranks) != plan.world_size or [r.rank for r in ranks] != list(range(plan.world_size)):
-        # an outside tool may leave per_rank short: memory is exact from the shards
-        times = {r.rank: r.time for r in ranks}
-        ranks = [
-            RankView(rank=i, time=times.get(i, 0.0), memory_bytes=m)
-            for i, m in enumerate(plan.memory_by_rank())
-        ]
 
     critical = _get(estimate, "critical_rank")
     if critical is None and any(r.time for r in ranks):
-        critical = max(ranks, key=lambda r: (r.time, -r.rank)).rank
+        critical = max(ranks, key=lambda r: (r.time or 0.0, -r.rank)).rank
     components = _components(_get(estimate, "components"))
     if components is None and critical is not None:
         components = ranks[int(critical)].components
 
-    table_cost: dict[str, tuple[float | None, int | None]] = {}
+    table_time: dict[str, float | None] = {}
     for entry in _get(estimate, "per_table") or []:
-        mem = _get(entry, "memory_bytes")
-        table_cost[str(_get(entry, "table"))] = (
-            float(_get(entry, "time")),
-            int(mem) if mem is not None and source != "stale" else None,
-        )
+        got = _get(entry, "time")
+        table_time[str(_get(entry, "table"))] = None if got is None else float(got)
     tables: dict[str, TableView] = {}
     for t in plan.tables:
         cluster = plan.cluster_of(t.name)
-        time, mem = table_cost.get(t.name, (None, None))
+        time = table_time.get(t.name)
         cells = tuple(
             sorted(
                 (s.row_shard, s.columns[0], s.columns[1], s.rank) for s in plan.shards_of(t.name)
@@ -272,7 +268,7 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
             cells=cells,
             ranks=tuple(range(plan.world_size)) if dp else tuple(sorted({c[3] for c in cells})),
             time=time,
-            memory_bytes=mem if mem is not None else _table_memory(plan, t.name),
+            memory_bytes=_table_memory(plan, t.name),
         )
 
     planner = _get(estimate, "planner") or plan.planner
@@ -298,7 +294,8 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
 
 
 class Change(_Frozen):
-    """One number on both sides; `pct` is the relative change, None when A is 0."""
+    """One number on both sides; `pct` is the relative change, None when A is 0 (and
+    capped at +-MAX_PCT, so that a change from a tiny A stays a finite number)."""
 
     a: float | None
     b: float | None
@@ -306,12 +303,28 @@ class Change(_Frozen):
     pct: float | None
 
 
+MAX_PCT = 1e12
+"""The largest relative change shown, in percent."""
+
+
 def _change(a: float | None, b: float | None) -> Change:
     if a is None or b is None:
         return Change(a=a, b=b, delta=None, pct=None)
     delta = b - a
-    pct = round(100.0 * delta / a, 4) if a else None
+    pct = None
+    if a:
+        # both are bounded by the loader; only the ratio can overflow
+        ratio = delta / a
+        pct = round(max(-MAX_PCT, min(MAX_PCT, 100.0 * ratio)), 4)
     return Change(a=a, b=b, delta=delta, pct=pct)
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Equal to the plan files' rounding (9 significant digits); a figure one side does
+    not give is no difference."""
+    if a is None or b is None:
+        return True
+    return math.isclose(a, b, rel_tol=1e-8, abs_tol=1e-15)
 
 
 class Summary(_Frozen):
@@ -390,6 +403,10 @@ class PlanDiff(_Frozen):
     spec_changes: tuple[SpecChange, ...]
     spec_changes_from: Literal["specs", "plans"]
     """`specs` when both sides were specs; else the inputs recorded in the plans."""
+    not_compared: dict[str, tuple[str, ...]] = {}
+    """Side ("A", "B") -> the input fields the other plan records and this one does not
+    (fields of embarkc's own in a plan of another tool): not compared. Left out of the
+    JSON when empty."""
 
 
 def _comparable(plan: Plan) -> dict[str, Any]:
@@ -415,13 +432,41 @@ def _flat(value: Any, prefix: str = "") -> dict[str, str]:
         for i, v in enumerate(value):
             out.update(_flat(v, f"{prefix}{i}."))
         return out
-    text = json.dumps(value, sort_keys=True) if isinstance(value, list | tuple) else str(value)
+    if isinstance(value, list | tuple):
+        text = json.dumps(value, sort_keys=True)
+    else:
+        text = format_number(value) if isinstance(value, int | float) else str(value)
     out[prefix.rstrip(".")] = text
     return out
 
 
-def _field_changes(a: Any, b: Any) -> dict[str, tuple[str, str]]:
-    fa, fb = _flat(a), _flat(b)
+def _recorded(value: Any) -> Any:
+    """What a plan file gives of `value` (a model read from a plan): the loader's defaults
+    for fields the file does not have are left out, so they are not compared."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+    return value
+
+
+Lacking = dict[str, set[str]]
+"""Side ("A", "B") -> the fields the other side records and this one does not."""
+
+
+def _field_changes(
+    a: Any, b: Any, lacking: Lacking | None = None, what: str = ""
+) -> dict[str, tuple[str, str]]:
+    """Fields whose text differs. With `lacking` (plans), a field one side does not record
+    is no change: it is noted in `lacking` under `what`."""
+    if lacking is None:
+        fa, fb = _flat(a), _flat(b)
+    else:
+        fa, fb = _flat(_recorded(a)), _flat(_recorded(b))
+        for side, mine, other in (("A", fa, fb), ("B", fb, fa)):
+            for k in other.keys() - mine.keys():
+                lacking.setdefault(side, set()).add(f"{what}.{_unindexed(k)}")
+        keys = fa.keys() & fb.keys()
+        fa = {k: v for k, v in fa.items() if k in keys}
+        fb = {k: v for k, v in fb.items() if k in keys}
     return {
         k: (fa.get(k, "-"), fb.get(k, "-"))
         for k in sorted(set(fa) | set(fb))
@@ -429,24 +474,34 @@ def _field_changes(a: Any, b: Any) -> dict[str, tuple[str, str]]:
     }
 
 
+def _unindexed(key: str) -> str:
+    """A dotted key without its list indices (`counts.3` -> `counts`)."""
+    return ".".join(p for p in key.split(".") if not p.isdigit())
+
+
 def _keyed_changes(
-    what: str, a: dict[str, Any], b: dict[str, Any], order: list[str]
+    what: str,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    order: list[str],
+    lacking: Lacking | None = None,
 ) -> list[SpecChange]:
     out: list[SpecChange] = []
     for name in order:
         if name not in b:
             out.append(SpecChange(what=what, name=name, change="removed", fields={}))
         elif name not in a:
+            got = b[name] if lacking is None else _recorded(b[name])
             out.append(
                 SpecChange(
                     what=what,
                     name=name,
                     change="added",
-                    fields={k: ("-", v) for k, v in _flat(b[name]).items() if k != "name"},
+                    fields={k: ("-", v) for k, v in _flat(got).items() if k != "name"},
                 )
             )
         else:
-            fields = _field_changes(a[name], b[name])
+            fields = _field_changes(a[name], b[name], lacking, what)
             if fields:
                 out.append(SpecChange(what=what, name=name, change="changed", fields=fields))
     return out
@@ -491,13 +546,17 @@ def spec_changes(a: Program, b: Program) -> list[SpecChange]:
     return out
 
 
-def plan_input_changes(a: Plan, b: Plan) -> list[SpecChange]:
-    """What the plans record of their inputs (topology, batch, features) that differs.
+def plan_input_changes(a: Plan, b: Plan, lacking: Lacking | None = None) -> list[SpecChange]:
+    """What both plans record of their inputs (topology, batch, features) and differs.
 
-    Tables are compared in the table sections, so they are not repeated here.
+    A field only one plan records (a plan of another tool has none of embarkc's own, a
+    plan of an older embarkc lacks the newer ones) is no change: it is added to
+    `lacking`, under the side that lacks it. Tables are compared in the table sections,
+    so they are not repeated here.
     """
+    lacking = {} if lacking is None else lacking
     out: list[SpecChange] = []
-    fields = _field_changes(a.topology, b.topology)
+    fields = _field_changes(a.topology, b.topology, lacking, "topology")
     if fields:
         out.append(SpecChange(what="topology", name="topology", change="changed", fields=fields))
     if a.batch_size != b.batch_size or a.row_partition != b.row_partition:
@@ -517,6 +576,7 @@ def plan_input_changes(a: Plan, b: Plan) -> list[SpecChange]:
         {f.name: f for f in a.features},
         {f.name: f for f in b.features},
         _order([f.name for f in a.features], [f.name for f in b.features]),
+        lacking,
     )
     return out
 
@@ -544,11 +604,11 @@ def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
     elif pct is None or abs(pct) < SAME_PCT:
         head = f"**same step time** ({ta} -> {tb})"
     elif pct > 0:
-        head = f"**slower by {pct:.1f} %** ({ta} -> {tb})"
+        head = f"**slower by {_pct_text(pct)} %** ({ta} -> {tb})"
     else:
-        head = f"**faster by {-pct:.1f} %** ({ta} -> {tb})"
+        head = f"**faster by {_pct_text(-pct)} %** ({ta} -> {tb})"
     mp = s.peak_memory.pct
-    mem = "unchanged" if mp is None or abs(mp) < SAME_PCT else f"{mp:+.1f} %"
+    mem = "unchanged" if mp is None or abs(mp) < SAME_PCT else f"{_pct_text(mp, signed=True)} %"
     moved = migration.total_bytes
     move = f"{fmt_bytes(moved)} to migrate" if moved else "nothing to migrate"
     return f"{head}, peak memory {mem}, {move}"
@@ -566,22 +626,29 @@ def diff_sides(a: Side, b: Side) -> PlanDiff:
         prog_a = prog_b
     if prog_b is None and prog_a is not None and _same_tables(b.plan, prog_a):
         prog_b = prog_a
-    prog_a = prog_a or program_of_plan(a.plan, a.label)
-    prog_b = prog_b or program_of_plan(b.plan, b.label)
+    if prog_a is None and _needs_costing(a.plan):
+        prog_a = program_of_plan(a.plan, a.label)
+    if prog_b is None and _needs_costing(b.plan):
+        prog_b = program_of_plan(b.plan, b.label)
     va, vb = view_of(a.plan, prog_a), view_of(b.plan, prog_b)
     return diff_views(a.label, a.plan, va, b.label, b.plan, vb, a.program, b.program)
 
 
-def program_of_plan(plan: Plan, plan_path: str | None = None) -> Program | None:
-    """The program behind `plan` when it needs one to be costed (its estimate lacks our
-    fields or is stale) and the spec it names is there, unchanged (same sha256; looked
-    for from the current folder, then from `plan_path`'s folder); None otherwise. Never
-    raises: a spec that no longer loads is as good as a missing one."""
-    from embarkc.frontend import find_plan_spec, load_program
+def _needs_costing(plan: Plan) -> bool:
+    """Whether `plan`'s own estimate does not cost its layout (it lacks our fields or is
+    stale), so that a view of it needs the program."""
     from embarkc.planner import estimate_is_stale
 
-    if not _lacks_our_fields(plan) and not estimate_is_stale(plan):
-        return None
+    return _lacks_our_fields(plan) or bool(estimate_is_stale(plan))
+
+
+def program_of_plan(plan: Plan, plan_path: str | None = None) -> Program | None:
+    """The program behind `plan` when the spec it names is there, unchanged (same
+    sha256; looked for from the current folder, then from `plan_path`'s folder, as
+    `embarkc check` does) and describes the inputs the plan records; None otherwise.
+    Never raises: a spec that no longer loads is as good as a missing one."""
+    from embarkc.frontend import find_plan_spec, load_program
+
     spec, state = find_plan_spec(plan, plan_path)
     if state != "unchanged":
         return None
@@ -617,11 +684,12 @@ def diff_views(
 ) -> PlanDiff:
     """The comparison of two costed plans (and their programs when both are known)."""
     identical = _comparable(plan_a) == _comparable(plan_b)
+    lacking: Lacking = {}
     if program_a is not None and program_b is not None:
         changes, changes_from = spec_changes(program_a, program_b), "specs"
         identical = identical and not changes
     else:
-        changes, changes_from = plan_input_changes(plan_a, plan_b), "plans"
+        changes, changes_from = plan_input_changes(plan_a, plan_b, lacking), "plans"
 
     comps: dict[str, Change] = {}
     if va.components is not None and vb.components is not None:
@@ -716,19 +784,13 @@ def diff_views(
         x, y = ra.get(rank), rb.get(rank)
         time = _change(x.time if x else None, y.time if y else None)
         mem = _change(x.memory_bytes if x else None, y.memory_bytes if y else None)
-        if (
-            x is not None
-            and y is not None
-            and x.time == y.time
-            and x.memory_bytes == y.memory_bytes
-        ):
+        if x is not None and y is not None and _same(x.time, y.time) and not mem.delta:
             continue
         # a rank only one plan has is neither worse nor better (the title counts it apart)
-        worse = (
-            x is not None
-            and y is not None
-            and (y.time > x.time * (1 + 1e-9) or y.memory_bytes > x.memory_bytes)
-        )
+        worse = False
+        if x is not None and y is not None:
+            slower = not _same(x.time, y.time) and (y.time or 0.0) > (x.time or 0.0)
+            worse = slower or y.memory_bytes > x.memory_bytes
         ranks.append(RankChange(rank=rank, time=time, memory=mem, worse=worse))
     ranks.sort(
         key=lambda r: (
@@ -754,6 +816,7 @@ def diff_views(
         migration=migration,
         spec_changes=tuple(changes),
         spec_changes_from=changes_from,
+        not_compared={side: tuple(sorted(names)) for side, names in sorted(lacking.items())},
     )
 
 
@@ -787,7 +850,7 @@ def gate_failures(
         pct = change.pct
         exceeded = (change.b > change.a) if pct is None else pct > limit
         if exceeded:
-            grown = "from 0" if pct is None else f"by {pct:.1f} %"
+            grown = "from 0" if pct is None else f"by {_pct_text(pct)} %"
             out.append(
                 f"{what} grew {grown} ({fmt(change.a)} -> {fmt(change.b)}), "
                 f"more than the allowed {limit:g} %"
@@ -814,8 +877,8 @@ def fmt_bytes(n: float | None) -> str:
         return "-"
     sign = "-" if n < 0 else ""
     v = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if v < 1024 or unit == "EiB":
             return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
         v /= 1024
     raise AssertionError("unreachable")
@@ -828,7 +891,14 @@ def fmt_pct(c: Change) -> str:
         return "=" if c.a == c.b else "new"
     if abs(c.pct) < SAME_PCT:
         return "="
-    return f"{c.pct:+.1f} %"
+    return f"{_pct_text(c.pct, signed=True)} %"
+
+
+def _pct_text(pct: float, signed: bool = False) -> str:
+    """A percentage with one decimal; compact (+3.91e+10) when it is huge."""
+    if abs(pct) >= 1e6:
+        return f"{pct:+.2e}" if signed else f"{pct:.2e}"
+    return f"{pct:+.1f}" if signed else f"{pct:.1f}"
 
 
 def _fmt_delta(c: Change, fmt: Any) -> str:
@@ -977,7 +1047,17 @@ def render_markdown(d: PlanDiff) -> str:
         lines += [_spec_line(c) for c in d.spec_changes[:MD_ROWS]]
         if len(d.spec_changes) > MD_ROWS:
             lines.append(f"- ... {len(d.spec_changes) - MD_ROWS} more")
+    lines += [f"\n_{line}_" for line in not_compared_lines(d)]
     return "\n".join(lines) + "\n"
+
+
+def not_compared_lines(d: PlanDiff) -> list[str]:
+    """One line per plan that lacks input fields the other records."""
+    return [
+        f"Plan {side} does not record {', '.join(names)} (fields of embarkc's own, or of a "
+        "newer embarkc): they are not compared."
+        for side, names in d.not_compared.items()
+    ]
 
 
 def ranks_title(d: PlanDiff) -> str:
@@ -985,13 +1065,15 @@ def ranks_title(d: PlanDiff) -> str:
     of them changed (the parts add up to the rows listed)."""
     counts = dict.fromkeys(("worse", "better", "the same to rounding", "only in B", "only in A"), 0)
     for r in d.ranks_changed:
-        if r.time.a is None:
+        if r.memory.a is None:
             counts["only in B"] += 1
-        elif r.time.b is None:
+        elif r.memory.b is None:
             counts["only in A"] += 1
         elif r.worse:
             counts["worse"] += 1
-        elif (r.time.delta or 0) < 0 or (r.memory.delta or 0) < 0:
+        elif (r.memory.delta or 0) < 0 or (
+            (r.time.delta or 0) < 0 and not _same(r.time.a, r.time.b)
+        ):
             counts["better"] += 1
         else:
             counts["the same to rounding"] += 1
@@ -1073,6 +1155,8 @@ def render_json(d: PlanDiff) -> str:
     """The whole diff as deterministic JSON (sorted keys, newline at the end)."""
     data = d.model_dump(mode="json")
     data["migration"]["total_bytes"] = d.migration.total_bytes
+    if not d.not_compared:
+        del data["not_compared"]
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
@@ -1200,6 +1284,8 @@ def render_terminal(d: PlanDiff, console: Any) -> None:
         console.print(Text(title, style="bold"))
         for sc in d.spec_changes:
             console.print(_spec_line(sc).replace("`", ""))
+    for line in not_compared_lines(d):
+        console.print(line)
 
 
 def plan_error_to_embark(e: PlanError) -> EmbarkError:

@@ -64,15 +64,21 @@ def find_plan_spec(plan: Any, plan_path: str | Path | None = None) -> tuple[Path
     """Where the spec a plan was made from (`source.spec`, relative to where it was
     planned) is, and in what state: `"unchanged"` (same sha256 as the plan records),
     `"changed"` or `"missing"`. It is looked for from the current folder, then from the
-    plan file's folder; the first file found decides."""
+    plan file's folder; the first regular file found decides. What is not a regular file
+    (a folder, a device such as /dev/zero, a FIFO) is not a spec and is passed over;
+    a file larger than any spec (`MAX_SOURCE_BYTES`) is not the plan's spec: "changed"."""
     named = Path(plan.source.spec)
     candidates = [named]
     if plan_path is not None and not named.is_absolute():
         candidates.append(Path(plan_path).parent / named)
     for candidate in dict.fromkeys(candidates):
         try:
-            data = candidate.read_bytes()
+            data = read_source(candidate, str(candidate))
         except OSError:
+            continue
+        except EmbarkError:
+            if candidate.is_file():
+                return candidate, "changed"
             continue
         same = hashlib.sha256(data).hexdigest() == plan.source.sha256
         return candidate, "unchanged" if same else "changed"

@@ -31,10 +31,14 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from embark_runtime.plan import (
+    MAX_BANDWIDTH,
     MAX_BATCH,
+    MAX_DENSE_FLOPS,
     MAX_DIM,
     MAX_GPUS_PER_NODE,
     MAX_HOTNESS,
+    MAX_LAYER_WIDTH,
+    MAX_LAYERS,
     MAX_NODES,
     MAX_ROWS,
 )
@@ -48,9 +52,25 @@ LIMITS = {
     "batch": MAX_BATCH,
     "nodes": MAX_NODES,
     "gpus_per_node": MAX_GPUS_PER_NODE,
+    "dense_features": MAX_LAYER_WIDTH,
+    "bottom_mlp layer width": MAX_LAYER_WIDTH,
+    "top_mlp layer width": MAX_LAYER_WIDTH,
+    "low_rank": MAX_LAYER_WIDTH,
+    "layers": MAX_LAYERS,
 }
 """The largest value of each size a spec may give (by the name the language's errors use;
 the plan file holds the same bounds, embark_runtime.plan)."""
+
+RATE_LIMITS = {
+    "hbm_bandwidth": MAX_BANDWIDTH,
+    "nvlink": MAX_BANDWIDTH,
+    "network": MAX_BANDWIDTH,
+    "dense_flops": MAX_DENSE_FLOPS,
+}
+"""The largest rate of each hardware field (bytes or FLOP/s per second per GPU)."""
+
+MAX_MLP_LAYERS = MAX_LAYERS
+"""Layers of an MLP."""
 
 DType = Literal["fp32", "fp16", "bf16"]
 Pooling = Literal["sum", "mean", "concat"]

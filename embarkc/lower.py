@@ -382,6 +382,22 @@ class Lowerer:
             v = self.attempt(
                 self.num, node, fld.file, kind, integer=integer, what=key, minimum=least
             )
+            top = ir.RATE_LIMITS.get(key)
+            if v is not None and top is not None and v > top:
+                self.error(
+                    f"{key} must be at most {top:g} {'FLOP/s' if kind == 'compute' else 'B/s'}"
+                    f" per GPU, got {node.children[0]}"
+                    f"{' ' + str(node.children[1]) if len(node.children) > 1 else ''}",
+                    span_of(node, fld.file),
+                    "no GPU comes near this: is the unit right?",
+                )
+                v = None
+            elif v is not None and key == "dense_flops" and 0 < v < 1:
+                self.error(
+                    f"dense_flops must be 0 (unknown) or at least 1 FLOP/s, got {v:g}",
+                    span_of(node, fld.file),
+                )
+                v = None
             if v is None:
                 ok = False
             else:
@@ -454,6 +470,13 @@ class Lowerer:
                     if v is None:
                         ok = False
                     sizes.append(v)
+                if len(sizes) > ir.MAX_MLP_LAYERS:
+                    self.error(
+                        f"`{key}` has {len(sizes):,} layers; an MLP may have at most "
+                        f"{ir.MAX_MLP_LAYERS:,}",
+                        b.fields[key].span,
+                    )
+                    ok = False
                 if key == "top_mlp" and not sizes:
                     self.error(
                         "`top_mlp` needs at least its output layer",

@@ -101,6 +101,11 @@ all-reduce and the dense model's hierarchical all-reduce."""
 LINKS = ("intra", "inter")
 DENSE_CLUSTER = "dense"
 
+MAX_ALLREDUCE_ELEMENTS = 1 << 40
+"""The most fp32 values an all-reduce of one step may carry (the dense model's gradients,
+a dense-exchange dp table's): 4 TiB, more than any GPU holds a copy of. The counts of its
+messages, summed over the ranks, stay exact in 64-bit integers."""
+
 SAMPLED_BYTES_PER_ID = 32
 """Peak memory per id of one table's sampled batch while it is counted (the ids, their
 bags' offsets, row shards and the deduplication's temporaries): 33.5 M ids of variable
@@ -805,6 +810,8 @@ def simulate_many(
             or p.features != base.features
         ):
             raise ValueError("simulate_many needs plans of the same tables, features and batch")
+    for p in plans:
+        _check_allreduce_sizes(p)
     _check_sampling_memory(base)
     data = SyntheticData(base, seed=seed)
     counters = [_StepCounter(p) for p in plans]
@@ -833,6 +840,26 @@ def _available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _check_allreduce_sizes(plan: Plan) -> None:
+    """Raise ValueError when an all-reduce of `plan` would carry more than
+    MAX_ALLREDUCE_ELEMENTS values (the plan loader bounds every width, not their
+    products)."""
+    sizes = [("the dense model's gradients", dense_parameters(plan))]
+    for c in plan.clusters:
+        if c.kind == "dp" and (c.gradient_exchange or "dense") == "dense":
+            for name in c.tables:
+                t = plan.table(name)
+                sizes.append((f"dp table `{name}`'s dense gradient", t.rows * t.dim))
+    for what, elements in sizes:
+        if elements > MAX_ALLREDUCE_ELEMENTS:
+            raise ValueError(
+                f"{what} would be all-reduced as {elements:.3e} fp32 values every step, "
+                f"more than the {MAX_ALLREDUCE_ELEMENTS:.3e} that the simulator counts "
+                "(4 TiB, more than a GPU holds): is the plan's `model` or table size "
+                "what was meant?"
+            )
 
 
 def _check_sampling_memory(plan: Plan, available: int | None = None) -> None:

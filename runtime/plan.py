@@ -3,7 +3,9 @@
 This module is the single reader and writer of plan files. The compiler builds `Plan`
 objects and writes them with `dumps_plan`; generated trainers, `embarkc diff` and outside
 tools read them with `load_plan`, which rejects a plan that breaks a rule of the contract
-(shared/contracts/plan-v1.md), naming the rule. It imports neither torch nor the compiler.
+(shared/contracts/plan-v1.md), naming the rule, or holds a number beyond what is
+physically meaningful (the MAX_ and MIN_ bounds below), naming the field. It imports
+neither torch nor the compiler.
 
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params, tables[].init, tables[].bytes
@@ -21,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FORMAT = "embark-plan"
 VERSION = 1
@@ -40,6 +42,30 @@ MAX_BATCH = 1 << 31
 MAX_NODES = 1 << 16
 MAX_GPUS_PER_NODE = 1 << 10
 
+# Bounds on the other numbers a plan holds: what is physically meaningful, and small
+# enough that the commands reading a plan (check, diff, report, simulate) compute only
+# finite, exact figures from it. A plan beyond one is rejected naming the field.
+MAX_BYTES = (1 << 63) - 1
+"""Sizes in bytes (hbm_bytes, memory estimates) and histogram counts: signed 64-bit
+integers, as in a spec (embarkc.units.MAX_INT)."""
+MAX_SECONDS = 1e6
+"""Every time a plan records (step and rank times, their components, bounds, baselines,
+the planner's wall time): a step of 11.6 days is no plan anyone trains with."""
+MIN_BANDWIDTH = 1.0
+MAX_BANDWIDTH = 1e18
+"""Bytes per second per GPU per direction: at least 1 B/s (the language's least), at most
+an exabyte per second (10^5 x NVLink 4)."""
+MIN_DENSE_FLOPS = 1.0
+MAX_DENSE_FLOPS = 1e21
+"""`dense_flops`: 0 (unknown), else 1 FLOP/s to a zettaFLOP/s per GPU (10^4 x an H100)."""
+MAX_LAYER_WIDTH = MAX_DIM
+"""Widths of the dense model (dense features, MLP layers, DCN-V2's low rank): vector
+widths, bounded as an embedding's dim is."""
+MAX_LAYERS = 1 << 10
+"""Layers of an MLP, cross layers of DCN-V2."""
+MAX_SEED = 2**31 - 1
+"""Seeds, as in a spec (embarkc.ir.MAX_SEED)."""
+
 
 class PlanError(Exception):
     """A plan file that cannot be used. `rule` names the broken contract rule."""
@@ -56,17 +82,30 @@ class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Bandwidth = Annotated[float, Field(ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)]
+LayerWidth = Annotated[int, Field(gt=0, le=MAX_LAYER_WIDTH)]
+
+
 class PlanTopology(_M):
     nodes: int = Field(gt=0, le=MAX_NODES)
     gpus_per_node: int = Field(gt=0, le=MAX_GPUS_PER_NODE)
-    hbm_bytes: int = Field(gt=0)
-    hbm_bandwidth: float = Field(gt=0)
-    intra_node_bandwidth: float = Field(gt=0)
-    inter_node_bandwidth: float = Field(gt=0)
-    dense_flops: float = Field(default=0.0, ge=0)
+    hbm_bytes: int = Field(gt=0, le=MAX_BYTES)
+    hbm_bandwidth: Bandwidth
+    intra_node_bandwidth: Bandwidth
+    inter_node_bandwidth: Bandwidth
+    dense_flops: float = Field(default=0.0, ge=0, le=MAX_DENSE_FLOPS)
     """Peak fp32 FLOP/s per GPU; 0 (also when absent: plans written before it) credits no
     overlap of the key traffic with the dense compute."""
     arch: str = "sm_90"
+
+    @field_validator("dense_flops")
+    @classmethod
+    def _known_or_zero(cls, v: float) -> float:
+        if 0 < v < MIN_DENSE_FLOPS:
+            raise ValueError(f"dense_flops is 0 (unknown) or at least {MIN_DENSE_FLOPS:g} FLOP/s")
+        return v
 
     @property
     def world_size(self) -> int:
@@ -132,7 +171,7 @@ class Access(_M):
     alpha: float | None = None
     permuted: bool | None = None
     keys: list[int] | None = None
-    counts: list[int] | None = None
+    counts: list[Annotated[int, Field(le=MAX_BYTES)]] | None = None
 
 
 class PlanFeature(_M):
@@ -165,6 +204,11 @@ def feature_problem(f: PlanFeature, rows: int) -> str | None:
             return (
                 f"feature `{f.name}`: histogram keys must lie in [0, {rows}) and counts "
                 "must be >= 0"
+            )
+        if sum(counts) > MAX_BYTES:
+            return (
+                f"feature `{f.name}`: histogram counts sum to more than {MAX_BYTES:.3e} "
+                "(they are 64-bit counts)"
             )
     if a.kind == "zipf" and (a.alpha is None or a.alpha <= 0):
         return f"feature `{f.name}`: zipf access needs alpha > 0"
@@ -206,12 +250,12 @@ class Shard(_M):
 
 class RankEstimate(_M):
     rank: int
-    memory_bytes: int = Field(ge=0)
-    time: float = Field(ge=0)
+    memory_bytes: Bytes
+    time: Seconds
 
 
 class Estimate(_M):
-    step_time: float = Field(ge=0)
+    step_time: Seconds
     per_rank: list[RankEstimate]
 
 
@@ -219,8 +263,9 @@ class PlannerInfo(_M):
     strategy: str
     solver: str
     status: str
-    seed: int = 0
-    wall_time: float = 0.0
+    seed: int = Field(default=0, ge=-(1 << 63), lt=1 << 63)
+    """Any 64-bit integer: another tool's seed need not be one of a spec."""
+    wall_time: Seconds = 0.0
 
 
 class Source(_M):
@@ -235,26 +280,26 @@ class Source(_M):
 
 
 class _OwnRank(_M):
-    components: dict[str, Annotated[float, Field(ge=0)]] | None = None
-    memory: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    components: dict[str, Seconds] | None = None
+    memory: dict[str, Bytes] | None = None
 
 
 class _OwnTableRow(_M):
     table: str
     cluster: str | None = None
-    time: float | None = Field(default=None, ge=0)
-    memory_bytes: int | None = Field(default=None, ge=0)
-    ranks: int | None = Field(default=None, ge=0)
+    time: Seconds | None = None
+    memory_bytes: Bytes | None = None
+    ranks: int | None = Field(default=None, ge=0, le=MAX_NODES * MAX_GPUS_PER_NODE)
 
 
 class _OwnEstimate(_M):
     per_rank: list[_OwnRank] = []
     critical_rank: int | None = Field(default=None, ge=0)
-    critical_path: float | None = Field(default=None, ge=0)
-    components: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    critical_path: Seconds | None = None
+    components: dict[str, Seconds] | None = None
     per_table: list[_OwnTableRow] | None = None
-    key_window: float | None = Field(default=None, ge=0)
-    dense_allreduce_time: float | None = Field(default=None, ge=0)
+    key_window: Seconds | None = None
+    dense_allreduce_time: Seconds | None = None
     layout_sha256: str | None = None
 
 
@@ -265,34 +310,38 @@ class _OwnConstraint(_M):
 
 
 class _OwnPlanner(_M):
-    objective: float | None = Field(default=None, ge=0)
-    bound: float | None = Field(default=None, ge=0)
-    lower_bound: float | None = Field(default=None, ge=0)
-    greedy_step_time: float | None = Field(default=None, ge=0)
-    baselines: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    objective: Seconds | None = None
+    bound: Seconds | None = None
+    lower_bound: Seconds | None = None
+    greedy_step_time: Seconds | None = None
+    baselines: dict[str, Seconds] | None = None
     message: str | None = None
     ignored_constraints: list[_OwnConstraint] | None = None
 
 
 class _OwnInteraction(_M):
     kind: Literal["dot", "dcnv2"] = "dot"
-    layers: int = Field(default=3, gt=0)
-    low_rank: int = Field(default=512, gt=0)
+    layers: int = Field(default=3, gt=0, le=MAX_LAYERS)
+    low_rank: LayerWidth = 512
 
 
 class _OwnDenseOptimizer(_M):
+    # the bounds of the language (embarkc.ir.DenseOptimizer)
     kind: Literal["sgd", "adagrad", "adam"] = "sgd"
     lr: float = Field(default=0.01, gt=0)
+    eps: float = Field(default=1e-8, gt=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.999, ge=0, lt=1)
 
 
 class _OwnModel(_M):
     """`model`: the dense part as embarkc.ir.DenseModel dumps it (simulate reads it)."""
 
-    batch_size: int | None = Field(default=None, gt=0)
-    dense_features: int = Field(default=0, ge=0)
-    bottom_mlp: list[Annotated[int, Field(gt=0)]] = []
+    batch_size: int | None = Field(default=None, gt=0, le=MAX_BATCH)
+    dense_features: int = Field(default=0, ge=0, le=MAX_LAYER_WIDTH)
+    bottom_mlp: list[LayerWidth] = Field(default=[], max_length=MAX_LAYERS)
     interaction: _OwnInteraction | Literal["dot", "dcnv2"] = _OwnInteraction()
-    top_mlp: list[Annotated[int, Field(gt=0)]] = [1]
+    top_mlp: list[LayerWidth] = Field(default=[1], max_length=MAX_LAYERS)
     optimizer: _OwnDenseOptimizer = _OwnDenseOptimizer()
 
 
@@ -300,7 +349,7 @@ class _OwnFields(_M):
     estimate: _OwnEstimate
     planner: _OwnPlanner
     model: _OwnModel | None = None
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
 
 
 class Plan(_M):
@@ -493,7 +542,7 @@ def _own_rules(plan: Plan, path: str) -> None:
     """What embarkc's readers need of a plan beyond the contract's rules (docs/plan.md,
     "Checking a plan"): the global batch splits evenly over the ranks (the trainer and
     the simulator give every rank the same number of samples), and the estimate speaks of
-    the plan's ranks, each once."""
+    every rank of the plan once (or of none: a plan that gives no per-rank estimate)."""
     world = plan.world_size
     if plan.batch_size % world:
         raise PlanError(
@@ -510,6 +559,14 @@ def _own_rules(plan: Plan, path: str) -> None:
                 path, "estimate", f"estimate.per_rank has rank {r.rank} {what}; re-plan the spec"
             )
         seen.add(r.rank)
+    if seen and len(seen) != world:
+        missing = min(set(range(world)) - seen)
+        raise PlanError(
+            path,
+            "estimate",
+            f"estimate.per_rank lists {len(seen)} of the {world} ranks (rank {missing} is "
+            "missing): it lists every rank once, or none; re-plan the spec",
+        )
     critical = plan.estimate.model_extra.get("critical_rank") if plan.estimate.model_extra else None
     if critical is not None and not 0 <= critical < world:
         raise PlanError(
@@ -517,6 +574,23 @@ def _own_rules(plan: Plan, path: str) -> None:
             "estimate",
             f"estimate.critical_rank is {critical}, outside [0, {world}); re-plan the spec",
         )
+
+
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The dotted path of the first NaN or infinity in JSON data, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        got = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if got is not None:
+            return got
+    return None
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -584,6 +658,10 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
             f"field `{where}` (a field of embarkc's own, docs/plan.md): {msg}; "
             "re-plan the spec, or delete the field",
         ) from None
+    where = _non_finite(data)
+    if where is not None:
+        # a field no model above declares (one of another tool, or a newer embarkc's)
+        raise PlanError(path, "schema", f"field `{where}`: not a finite number")
     validate_rules(plan, path)
     _own_rules(plan, path)
     rows = {t.name: t.rows for t in plan.tables}

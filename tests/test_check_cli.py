@@ -215,3 +215,86 @@ def test_the_error_count_is_not_the_cap_of_syntax_errors_shown(tmp_path, capsys)
     assert main(["check", str(spec)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == "20 errors shown, and more after them: fix these and run again", last
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (
+            lambda d: d["estimate"]["per_rank"][0].update(memory_bytes=10**15),
+            "estimate.per_rank (rank 0) memory_bytes is 1.0e+15, its cells hold",
+        ),
+        (lambda d: d["estimate"].update(step_time=0), "estimate.step_time is 0.0 s"),
+        (
+            lambda d: d["estimate"]["per_rank"][3].update(time=0.5),
+            "estimate.per_rank (rank 3) time is 500 ms",
+        ),
+    ],
+)
+def test_an_edited_estimate_of_an_unchanged_layout_is_a_warning(
+    planned, capsys, edit, needle
+) -> None:
+    """The estimate is embarkc's by definition: check counts memory from the cells and
+    times with the cost model, as it warns of a stale one."""
+    _, path = planned
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "warning: the plan's estimate is not what embarkc computes" in captured.err
+    assert needle in captured.err
+    assert f"{path}: ok" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda d: d["model"].update(bottom_mlp=[64, 16]), "model.bottom_mlp is [64, 16]"),
+        (
+            lambda d: d["tables"][0]["optimizer_params"].update(lr=5),
+            "table `country` optimizer_params.lr is 5.0, the spec says 0.05",
+        ),
+        (lambda d: d["tables"][1]["init"].update(high=0.5), "table `item` init.high is 0.5"),
+        (lambda d: d["features"][3].update(weighted=False), "feature `tag` weighted is False"),
+        (lambda d: d["topology"].update(arch="sm_90"), "topology.arch is sm_90"),
+        (lambda d: d.update(seed=7), "seed is 7, the spec says 0"),
+    ],
+)
+def test_a_field_of_our_own_that_the_spec_determines_is_compared(
+    planned, capsys, edit, needle
+) -> None:
+    _, path = planned
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid plan (matches-program)" in err and needle in err
+
+
+def test_a_plan_of_another_tool_is_compared_only_on_what_it_gives(planned, capsys) -> None:
+    """Without fields of our own, the loader's defaults (arch sm_90, fixed bags) are not
+    held against the spec."""
+    _, path = planned
+    data = json.loads(path.read_text())
+    del data["topology"]["arch"], data["model"], data["seed"]
+    for f in data["features"]:
+        del f["max_hotness"], f["fixed"], f["weighted"]
+    for t in data["tables"]:
+        del t["optimizer_params"], t["init"]
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_an_estimate_without_some_ranks_is_rejected(planned, capsys) -> None:
+    _, path = planned
+    data = json.loads(path.read_text())
+    del data["estimate"]["per_rank"][2:]
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 2
+    assert "estimate.per_rank lists 2 of the 4 ranks" in capsys.readouterr().err

@@ -340,3 +340,128 @@ def test_the_rank_heading_counts_the_rows_it_lists(tmp_path, capsys):
     assert diff.ranks_title(d) == "Ranks: 4 of 4 changed (1 worse, 3 only in A)"
     assert main(["diff", _write(tmp_path, "a.json", a), _write(tmp_path, "b.json", one)]) == 0
     assert "Ranks: 4 of 4 changed (1 worse, 3 only in A)" in capsys.readouterr().out
+
+
+@pytest.fixture
+def tiny_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """specs/tiny.embark copied into tmp_path (the current folder) and its greedy plan."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(Path(__file__).resolve().parent.parent / "specs" / "tiny.embark", tmp_path)
+    assert main(["plan", "tiny.embark", "--solver", "greedy", "-o", "p1.json"]) == 0
+    return tmp_path / "p1.json"
+
+
+def _contract_only(data: dict) -> dict:
+    """A plan as another tool writes it: the contract's fields (plan-v1.md) alone."""
+
+    def keep(obj: dict, keys: tuple[str, ...]) -> dict:
+        return {k: obj[k] for k in keys if k in obj}
+
+    out = keep(data, ("format", "version", "source", "batch_size", "row_partition", "shards"))
+    out["topology"] = keep(
+        data["topology"],
+        (
+            "nodes",
+            "gpus_per_node",
+            "hbm_bytes",
+            "hbm_bandwidth",
+            "intra_node_bandwidth",
+            "inter_node_bandwidth",
+        ),
+    )
+    out["tables"] = [keep(t, ("name", "rows", "dim", "dtype", "optimizer")) for t in data["tables"]]
+    out["features"] = [
+        {**keep(f, ("name", "table", "hotness", "pooling")), "access": f["access"]}
+        for f in data["features"]
+    ]
+    out["clusters"] = [
+        keep(c, ("name", "kind", "communication", "tables")) for c in data["clusters"]
+    ]
+    out["estimate"] = {
+        "step_time": data["estimate"]["step_time"],
+        "per_rank": [
+            keep(r, ("rank", "memory_bytes", "time")) for r in data["estimate"]["per_rank"]
+        ],
+    }
+    out["planner"] = keep(data["planner"], ("strategy", "solver", "status", "seed", "wall_time"))
+    return out
+
+
+def test_a_plan_of_another_tool_differs_only_where_both_record_a_value(tiny_plan, capsys):
+    """B lacks embarkc's own fields: the loader's defaults for them (arch sm_90, fixed
+    bags, no weights) are no change, and B re-costed from the spec differs from A's
+    rounded estimate by no rank."""
+    data = json.loads(tiny_plan.read_text())
+    (tiny_plan.parent / "contract.json").write_text(json.dumps(_contract_only(data)))
+    capsys.readouterr()
+    assert main(["diff", "p1.json", "contract.json"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("same step time")
+    assert "topology changed" not in out and "feature" not in out.replace("feature.", "").replace(
+        "Plan B does not record", ""
+    )
+    assert "Ranks:" not in out and "Input changes" not in out
+    assert (
+        "Plan B does not record feature.fixed, feature.max_hotness, feature.weighted, "
+        "topology.arch, topology.dense_flops" in out
+    )
+    d = diff.diff_sides(diff.load_side("p1.json"), diff.load_side("contract.json"))
+    assert d.summary.cost_source_b == "cost model" and not d.ranks_changed
+    assert not d.spec_changes and d.not_compared == {
+        "B": (
+            "feature.fixed",
+            "feature.max_hotness",
+            "feature.weighted",
+            "topology.arch",
+            "topology.dense_flops",
+        )
+    }
+    assert json.loads(diff.render_json(d))["not_compared"]["B"][0] == "feature.fixed"
+    # a value both record still differs
+    data2 = _contract_only(data)
+    data2["features"][0]["pooling"] = "mean"
+    (tiny_plan.parent / "contract2.json").write_text(json.dumps(data2))
+    d = diff.diff_sides(diff.load_side("p1.json"), diff.load_side("contract2.json"))
+    assert [(c.name, c.fields) for c in d.spec_changes] == [
+        ("country", {"pooling": ("sum", "mean")})
+    ]
+
+
+def test_memory_is_counted_from_the_cells_whatever_the_estimate_says(tiny_plan, capsys):
+    data = json.loads(tiny_plan.read_text())
+    data["estimate"]["per_rank"][0]["memory_bytes"] = 10**15
+    (tiny_plan.parent / "edited.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["diff", "p1.json", "edited.json", "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    assert "peak memory unchanged" in out.splitlines()[0]
+    assert "Ranks:" not in out
+
+
+def test_huge_changes_and_numbers_print_compactly_and_as_finite_json():
+    a = plan_a()
+    tiny = a.estimate.model_copy(update={"step_time": 5e-324})
+    huge = a.estimate.model_copy(update={"step_time": 1e6})
+    topo = a.topology.model_copy(update={"hbm_bytes": (1 << 63) - 1})
+    b = a.model_copy(update={"estimate": huge, "topology": topo})
+    d = diff.diff_sides(diff.Side("a", a.model_copy(update={"estimate": tiny})), diff.Side("b", b))
+    assert d.summary.step_time.pct == diff.MAX_PCT
+    assert "slower by 1.00e+12 %" in d.verdict
+    json.loads(diff.render_json(d))  # no inf or nan: it would not be written at all
+    assert [c.fields for c in d.spec_changes if c.what == "topology"] == [
+        {"hbm_bytes": (str(GIB), "9.223372e+18")}
+    ]
+    assert diff.fmt_bytes((1 << 63) - 1) == "8.0 EiB"
+
+
+def test_a_plan_without_per_rank_figures_has_unknown_rank_times():
+    """The loader lets estimate.per_rank list every rank or none; none is no 0 s rank."""
+    a = plan_a()
+    bare = a.model_copy(update={"estimate": Estimate(step_time=a.estimate.step_time, per_rank=[])})
+    view = diff.view_of(bare)
+    assert [r.time for r in view.per_rank] == [None] * 4
+    assert [r.memory_bytes for r in view.per_rank] == a.memory_by_rank()
+    d = diff.diff_sides(diff.Side("a", a), diff.Side("b", bare))
+    assert not d.ranks_changed

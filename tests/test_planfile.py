@@ -56,7 +56,10 @@ def _plan() -> dict:
             {"table": "a", "row_shard": 0, "row_shards": 2, "columns": [4, 8], "rank": 1},
             {"table": "a", "row_shard": 1, "row_shards": 2, "columns": [0, 8], "rank": 3},
         ],
-        "estimate": {"step_time": 0.001, "per_rank": [{"rank": 0, "memory_bytes": 0, "time": 0.0}]},
+        "estimate": {
+            "step_time": 0.001,
+            "per_rank": [{"rank": r, "memory_bytes": 0, "time": 0.0} for r in range(4)],
+        },
         "planner": {
             "strategy": "embark",
             "solver": "greedy",
@@ -161,6 +164,12 @@ def test_memory_by_rank_counts_state_and_replicas():
             "rank 7 outside [0, 4)",
         ),
         (lambda d: d["estimate"].update(critical_rank=99), "estimate", "critical_rank is 99"),
+        # a rank the estimate leaves out would read as a rank of no time and no memory
+        (
+            lambda d: d["estimate"]["per_rank"].pop(1),
+            "estimate",
+            "lists 3 of the 4 ranks (rank 1 is missing)",
+        ),
         (
             lambda d: d["topology"].update(hbm_bandwidth=float("inf")),
             "schema",
@@ -181,6 +190,45 @@ def test_memory_by_rank_counts_state_and_replicas():
             "row_shards 5 but 3 cell(s)",
         ),
         (lambda d: d["shards"][2].update(row_shard=5), "rule 2", "row_shard outside [0, 2)"),
+        # numbers beyond what is physically meaningful: the commands compute finite figures
+        (lambda d: d["estimate"].update(step_time=1e308), "schema", "estimate.step_time"),
+        (
+            lambda d: d["estimate"]["per_rank"][2].update(time=1e30),
+            "schema",
+            "estimate.per_rank.2.time",
+        ),
+        (
+            lambda d: d["estimate"]["per_rank"][0].update(memory_bytes=1 << 64),
+            "schema",
+            "estimate.per_rank.0.memory_bytes",
+        ),
+        (
+            lambda d: d["estimate"].update(components={"distributor": 1e308}),
+            "schema",
+            "estimate.components.distributor",
+        ),
+        (lambda d: d["planner"].update(bound=1e30), "schema", "planner.bound"),
+        (lambda d: d["planner"].update(wall_time=1e300), "schema", "planner.wall_time"),
+        (lambda d: d["planner"].update(seed=1 << 70), "schema", "planner.seed"),
+        (lambda d: d["topology"].update(hbm_bytes=10**30), "schema", "topology.hbm_bytes"),
+        (lambda d: d["topology"].update(hbm_bandwidth=1e-300), "schema", "hbm_bandwidth"),
+        (lambda d: d["topology"].update(inter_node_bandwidth=1e308), "schema", "inter_node"),
+        (lambda d: d["topology"].update(dense_flops=1e-300), "schema", "dense_flops"),
+        (lambda d: d.update(model={"bottom_mlp": [10**30]}), "schema", "model.bottom_mlp.0"),
+        (lambda d: d.update(model={"top_mlp": [1] * 5000}), "schema", "model.top_mlp"),
+        (
+            lambda d: d.update(model={"interaction": {"kind": "dcnv2", "low_rank": 1 << 40}}),
+            "schema",
+            "model.interaction",
+        ),
+        (lambda d: d.update(seed=1 << 40), "schema", "seed"),
+        (
+            lambda d: d["features"][0]["access"].update(
+                kind="histogram", keys=[1, 2], counts=[1 << 62, 1 << 62]
+            ),
+            "features",
+            "histogram counts sum to more than",
+        ),
         # what the trainer and the simulator need of every plan
         (lambda d: d.update(batch_size=18), "batch", "does not split evenly over the 4 ranks"),
         (lambda d: d.pop("row_partition"), "schema", "field `row_partition`"),

@@ -163,3 +163,22 @@ def test_a_cluster_beyond_what_the_planner_plans_is_refused_at_its_hardware() ->
     (d,) = e.value.diagnostics
     assert d.message == "the cluster has 262,144 GPUs; the planner plans at most 131,072"
     assert (d.span.file, d.span.line) == ("big.embark", 1)
+
+
+def test_a_spec_whose_plan_breaks_a_bound_of_plan_files_is_refused_by_the_planner() -> None:
+    """1 B/s everywhere makes a step of years: the plan file's bound on times
+    (embark_runtime.plan.MAX_SECONDS) would make every command refuse the plan, so the
+    planner refuses the spec instead, saying which bound."""
+    import pytest
+
+    from embarkc.diagnostics import EmbarkError
+
+    spec = (
+        "hardware { preset dgx_h100 hbm_bandwidth 1 B/s nvlink 1 B/s network 1 B/s }\n"
+        "tables t[0..3] { rows 1000 dim 64 hotness 10 }\nmodel { batch 65536 }\n"
+    )
+    with pytest.raises(EmbarkError) as e:
+        plan_program(load_program_text(spec, "slow.embark"), solver="greedy", time_limit=1)
+    (d,) = e.value.diagnostics
+    assert d.message.startswith("the plan of this spec breaks a bound of plan files (field")
+    assert "step_time" in d.message and d.hint and "bandwidths" in d.hint

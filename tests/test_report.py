@@ -149,3 +149,28 @@ def test_page_renders_with_its_figures_in_headless_chromium(page, tmp_path):
     broken = re.sub(r"base64,[A-Za-z0-9+/]{40}", "base64,AAAA", html, count=1)
     page.write_text(broken.replace("</body>", _DECODE_CHECK))
     assert _decoded_in_chromium(chromium, page) == "3/4"
+
+
+def test_the_baseline_panel_draws_both_bounds_each_named(tmp_path):
+    """CP-SAT's bound holds for its last model only; the lower bound for any plan."""
+    plt = report._pyplot()
+    d = report.report_data(build_plan(TABLES_A, PLACE_A))
+    fig, ax = plt.subplots()
+    report.plot_baselines(ax, d)
+    lines = {line.get_label(): line.get_xdata()[0] for line in ax.get_lines()}
+    plt.close(fig)
+    assert d.view.lower_bound is not None and d.view.bound is not None
+    assert lines == {
+        "lower bound (any plan)": pytest.approx(d.view.lower_bound * 1e3),
+        "cp-sat bound (its last model)": pytest.approx(d.view.bound * 1e3),
+    }
+
+
+def test_a_plan_alone_finds_its_spec_for_the_heat_map(tmp_path, monkeypatch):
+    """Given only plan.json, the report finds its spec as check does and shows work."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(Path(__file__).resolve().parent.parent / "specs" / "tiny.embark", tmp_path)
+    assert main(["plan", "tiny.embark", "--solver", "greedy", "-o", "p.json"]) == 0
+    assert main(["report", "p.json", "-o", "r.html"]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert "share of each table&#39;s work" in html and "no spec given" not in html

@@ -86,3 +86,23 @@ def test_user_mistakes_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "--batches must be at least 1" in capsys.readouterr().err
     assert main(["simulate", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_dense_model_too_large_to_count_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every width within the loader's bounds, their products beyond 64-bit counts."""
+    plan = make_plan()
+    wide = {
+        "dense_features": 13,
+        "interaction": {"kind": "dcnv2", "layers": 1024, "low_rank": 65536},
+        "top_mlp": [65536] * 1000 + [1],
+    }
+    data = json.loads(dumps_plan(plan))
+    data["model"] = wide
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps(data))
+    assert main(["simulate", str(path), "--batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the dense model's gradients would be all-reduced as" in err
+    assert "internal error" not in err

@@ -74,7 +74,7 @@ def load_target(args: argparse.Namespace) -> Any:
     )
     # a fixed strategy's ignored constraints are warnings, not a broken plan
     warn_ignored_constraints(program, plan)
-    check_plan(program, plan, args.target, constraints=False)
+    check_plan(program, plan, args.target, constraints=False, estimate=False)
     return plan
 
 

@@ -17,7 +17,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from embark_runtime.plan import Plan, dumps_plan, validate_rules
+from pydantic import ValidationError
+
+from embark_runtime.plan import Plan, PlanError, dumps_plan, parse_plan, validate_rules
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Program
 from embarkc.planner.types import Layout
@@ -274,11 +276,34 @@ def build_plan(
         "model": _strip_spans(program.model.model_dump(mode="json")),
         "seed": program.options.seed,
     }
-    plan = Plan.model_validate(round9(data))
+    try:
+        plan = Plan.model_validate(round9(data))
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise _beyond_plan_files(program, f"field `{where}`: {err['msg']}") from None
     validate_rules(plan, program.sources[0].path)
     # the estimate names the layout it costs, so that an edit of the layout shows
     estimate_model = plan.estimate.model_copy(update={"layout_sha256": layout_digest(plan)})
-    return plan.model_copy(update={"estimate": estimate_model})
+    plan = plan.model_copy(update={"estimate": estimate_model})
+    try:
+        # every bound a plan file is read with (its fields of our own too): the planner
+        # never writes a plan that the commands reading it refuse
+        parse_plan(dumps_plan(plan), program.sources[0].path)
+    except PlanError as e:
+        raise _beyond_plan_files(program, e.message) from None
+    return plan
+
+
+def _beyond_plan_files(program: Program, what: str) -> EmbarkError:
+    """The error of a spec whose plan breaks a bound of plan files (embark_runtime.plan:
+    a step of more than MAX_SECONDS, say), which the commands reading it would refuse."""
+    return EmbarkError.at(
+        program.sources[0].path,
+        f"the plan of this spec breaks a bound of plan files ({what})",
+        hint="its numbers are beyond any training run (a step of days, say): check the "
+        "hardware's bandwidths and the sizes",
+    )
 
 
 def layout_digest(plan: Plan) -> str:

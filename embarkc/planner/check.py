@@ -3,9 +3,13 @@
 `validate_plan(program, plan)` returns every broken rule it finds as a `Violation`;
 `check_plan(program, plan, path)` raises an `EmbarkError` that names them;
 `constraint_violations(program, plan)` checks only the spec's placement constraints (the
-last six rules below), each violation with the span of its constraint. It knows
-nothing of how plans are searched (it never imports the planner's search or cost code),
-so it can judge the planner's output, a baseline, or a hand-edited file alike.
+last six rules below), each violation with the span of its constraint. Its rules know
+nothing of how plans are searched (they never use the planner's search or cost code),
+so they judge the planner's output, a baseline, or a hand-edited file alike.
+`estimate_warnings(program, plan, path)` says where the plan's estimate is not what
+embarkc computes for its layout (a hand edit, or another version of embarkc): the one
+check that reads the cost model, because the estimate is by definition its figures;
+`check_plan` prints them as warnings (the layout is still a valid plan).
 
 THE RULES (the `rule` field of a Violation)
 ===========================================
@@ -14,7 +18,10 @@ THE RULES (the `rule` field of a Violation)
   because the other rules assume a well-formed plan.
 * `matches-program`: the plan describes the program: the same topology, global batch,
   row partition, tables (rows, dim, dtype, optimizer) and features (table, hotness,
-  pooling, access), in the same order.
+  pooling, access), in the same order; and where the plan gives them, the fields of
+  embarkc's own that the spec determines: topology.arch and dense_flops, every table's
+  optimizer_params and init, every feature's max_hotness, fixed and weighted, the dense
+  `model` and the `seed`.
 * `memory`: the weights and optimizer state on every rank fit in `hbm_bytes` minus the
   spec's `memory_headroom`.
 * `column-cuts`: every column cut lies at a multiple of 4 (the lookup kernels' vector
@@ -39,12 +46,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
 
 from embark_runtime.plan import Plan, PlanError, validate_rules
-from embarkc.diagnostics import Diagnostic, EmbarkError, Span
+from embarkc.diagnostics import Diagnostic, EmbarkError, Span, print_warnings
 from embarkc.ir import Access, Program
 
-__all__ = ["Violation", "validate_plan", "check_plan", "constraint_violations"]
+__all__ = [
+    "Violation",
+    "validate_plan",
+    "check_plan",
+    "constraint_violations",
+    "estimate_warnings",
+    "format_number",
+]
+
+
+def format_number(x: Any) -> str:
+    """A number as messages show it: as Python writes it below 1e15, compactly beyond
+    (1.0e+30), so that a huge hand-edited value does not print as 300 digits."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not abs(x) >= 1e15:
+        return str(x)  # NaN too
+    if isinstance(x, float) and math.isinf(x):
+        return str(x)
+    # Decimal: an int may lie beyond a float's range
+    mantissa, exponent = format(Decimal(x), ".6e").split("e")
+    mantissa = mantissa.rstrip("0")
+    return f"{mantissa}{'0' if mantissa.endswith('.') else ''}e{exponent}"
 
 
 @dataclass(frozen=True)
@@ -90,13 +119,18 @@ def validate_plan(program: Program, plan: Plan, *, constraints: bool = True) -> 
     return out
 
 
-def check_plan(program: Program, plan: Plan, path: str, *, constraints: bool = True) -> None:
-    """Raise an EmbarkError naming every broken rule of `plan` (nothing when it is valid)."""
+def check_plan(
+    program: Program, plan: Plan, path: str, *, constraints: bool = True, estimate: bool = True
+) -> None:
+    """Raise an EmbarkError naming every broken rule of `plan` (nothing when it is valid);
+    with `estimate`, then print `estimate_warnings` on stderr."""
     bad = validate_plan(program, plan, constraints=constraints)
     if bad:
         raise EmbarkError(
             [Diagnostic(f"invalid plan ({v.rule}): {v.message}", Span.of_file(path)) for v in bad]
         )
+    if estimate:
+        print_warnings(estimate_warnings(program, plan, path))
 
 
 # --------------------------------------------------------------------------- rules
@@ -129,15 +163,19 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
     def bad(message: str, table: str | None = None) -> None:
         out.append(Violation("matches-program", message, table))
 
+    def differ(where: str, got: Any, want: Any, table: str | None = None) -> None:
+        if not _same_value(got, want):
+            bad(f"{where} is {_text(got)}, the spec says {_text(want)}", table)
+
     topo, pt = program.topology, plan.topology
     for name in ("nodes", "gpus_per_node", "hbm_bytes"):
-        if getattr(topo, name) != getattr(pt, name):
-            bad(f"topology.{name} is {getattr(pt, name)}, the spec says {getattr(topo, name)}")
+        differ(f"topology.{name}", getattr(pt, name), getattr(topo, name))
     for name in ("hbm_bandwidth", "intra_node_bandwidth", "inter_node_bandwidth"):
-        if not _close(getattr(topo, name), getattr(pt, name)):
-            bad(f"topology.{name} is {getattr(pt, name)}, the spec says {getattr(topo, name)}")
-    if plan.batch_size != program.batch_size:
-        bad(f"batch_size is {plan.batch_size}, the spec says {program.batch_size}")
+        differ(f"topology.{name}", getattr(pt, name), getattr(topo, name))
+    for name in ("arch", "dense_flops"):
+        if name in pt.model_fields_set:
+            differ(f"topology.{name}", getattr(pt, name), getattr(topo, name))
+    differ("batch_size", plan.batch_size, program.batch_size)
     if plan.row_partition != program.options.row_partition:
         bad(
             f"row_partition is `{plan.row_partition}`, the spec says "
@@ -155,7 +193,22 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
                 ("optimizer", t.optimizer.kind, p.optimizer),
             ):
                 if want != got:
-                    bad(f"table `{t.name}` has {name} {got}, the spec says {want}", t.name)
+                    bad(
+                        f"table `{t.name}` has {name} {_text(got)}, the spec says {_text(want)}",
+                        t.name,
+                    )
+            for group, given, spec in (
+                ("optimizer_params", p.optimizer_params, t.optimizer),
+                ("init", p.init, t.init),
+            ):
+                if group in p.model_fields_set:
+                    for name in sorted(given.model_fields_set):
+                        differ(
+                            f"table `{t.name}` {group}.{name}",
+                            getattr(given, name),
+                            getattr(spec, name),
+                            t.name,
+                        )
     what = _names_differ([f.name for f in program.features], [f.name for f in plan.features])
     if what:
         bad(f"the plan's features are not the spec's: {what}")
@@ -169,11 +222,80 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
                 bad(f"feature `{f.name}` pools by {p.pooling}, the spec says {f.pooling}")
             if not _access_matches(f.access, p.access):
                 bad(f"feature `{f.name}` has another access distribution than the spec's")
+            for name in ("max_hotness", "fixed", "weighted"):
+                if name in p.model_fields_set:
+                    differ(f"feature `{f.name}` {name}", getattr(p, name), getattr(f, name))
+    own = plan.model_extra or {}
+    if own.get("model") is not None:
+        want = _without_spans(program.model.model_dump(mode="json"))
+        for where, got, spec in _model_differences(want, own["model"], "model"):
+            bad(f"{where} is {_text(got)}, the spec says {_text(spec)}")
+    if own.get("seed") is not None:
+        differ("seed", own["seed"], program.options.seed)
     return out
+
+
+def _same_value(got: Any, want: Any) -> bool:
+    """Equal, numbers to the plan files' rounding (9 significant digits)."""
+    if isinstance(got, list | tuple) and isinstance(want, list | tuple):
+        return len(got) == len(want) and all(map(_same_value, got, want))
+    numbers = (int, float)
+    if isinstance(got, numbers) and isinstance(want, numbers):
+        if isinstance(got, bool) or isinstance(want, bool):
+            return got is want
+        return got == want or _close(float(got), float(want))
+    return bool(got == want)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_text(v) for v in value) + "]"
+    return format_number(value)
+
+
+def _without_spans(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _without_spans(v) for k, v in x.items() if k != "span"}
+    if isinstance(x, list | tuple):
+        return [_without_spans(v) for v in x]
+    return x
+
+
+def _model_differences(want: Any, got: Any, where: str) -> list[tuple[str, Any, Any]]:
+    """(dotted field, plan's value, spec's value) of every field of the plan's `model`
+    that differs from the spec's dense model; fields the plan does not give are not
+    compared (a plan written before them)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for key in sorted(got):
+            if key in want:
+                out += _model_differences(want[key], got[key], f"{where}.{key}")
+        return out
+    if isinstance(want, dict) and isinstance(got, str):
+        want = want.get("kind")  # `"interaction": "dot"`, as older plans say it
+    return [] if _same_value(got, want) else [(where, got, want)]
 
 
 def _memory(program: Program, plan: Plan) -> list[Violation]:
     """Weights plus optimizer state per rank, computed here from the shards."""
+    used = _memory_used(program, plan)
+    capacity = program.topology.hbm_bytes - program.options.memory_headroom
+    return [
+        Violation(
+            "memory",
+            f"rank {r} holds {format_number(u)} bytes of weights and optimizer state, more "
+            f"than the {format_number(capacity)} bytes available (hbm_bytes "
+            f"{format_number(program.topology.hbm_bytes)} minus memory_headroom "
+            f"{format_number(program.options.memory_headroom)})",
+        )
+        for r, u in enumerate(used)
+        if u > capacity
+    ]
+
+
+def _memory_used(program: Program, plan: Plan) -> list[int]:
+    """Weights plus optimizer state on every rank, counted from the program's tables and
+    the plan's cells."""
     by_name = {t.name: t for t in program.tables}
     world = program.topology.world_size
     used = [0] * world
@@ -193,17 +315,78 @@ def _memory(program: Program, plan: Plan) -> list[Violation]:
             "adam": (2, 1),
         }[t.optimizer.kind]
         used[s.rank] += rows * (w * t.element_bytes + (w * per_elem + per_row) * 4)
-    capacity = program.topology.hbm_bytes - program.options.memory_headroom
-    return [
-        Violation(
-            "memory",
-            f"rank {r} holds {u} bytes of weights and optimizer state, more than the "
-            f"{capacity} bytes available (hbm_bytes {program.topology.hbm_bytes} minus "
-            f"memory_headroom {program.options.memory_headroom})",
-        )
-        for r, u in enumerate(used)
-        if u > capacity
+    return used
+
+
+ESTIMATE_REL_TOL = 1e-6
+"""How far a recorded time may be from the cost model's before it reads as edited: plan
+files round to 9 significant digits."""
+
+ESTIMATE_SHOWN = 4
+"""Differences named in the warning; the rest are counted."""
+
+
+def estimate_warnings(program: Program, plan: Plan, path: str) -> list[Diagnostic]:
+    """A warning when the estimate of a plan embarkc costed (its `layout_sha256` matches
+    the layout: a layout edited since gets the stale warning instead) is not what embarkc
+    computes for the layout and `program`: every rank's memory_bytes (counted from the
+    cells) and time, the step time, critical path and components (the cost model). Assumes
+    `plan` describes `program` (`validate_plan` found nothing)."""
+    from embarkc.planner import estimate_is_stale
+    from embarkc.planner.cost import CostModel
+
+    if estimate_is_stale(plan) is not False:
+        return []
+    est = plan.estimate
+    used = _memory_used(program, plan)
+    found = [
+        f"estimate.per_rank (rank {r.rank}) memory_bytes is {format_number(r.memory_bytes)}, "
+        f"its cells hold {format_number(used[r.rank])} bytes"
+        for r in est.per_rank
+        if r.memory_bytes != used[r.rank]
     ]
+    want = CostModel(program).evaluate(plan)
+    extra = est.model_extra or {}
+
+    def compare(where: str, got: Any, expect: Any) -> None:
+        if got is None or expect is None:
+            return
+        if not math.isclose(float(got), float(expect), rel_tol=ESTIMATE_REL_TOL, abs_tol=1e-15):
+            found.append(f"{where} is {_seconds(got)}, the cost model says {_seconds(expect)}")
+
+    compare("estimate.step_time", est.step_time, want.get("step_time"))
+    compare("estimate.critical_path", extra.get("critical_path"), want.get("critical_path"))
+    comps, want_comps = extra.get("components"), want.get("components") or {}
+    if isinstance(comps, dict):
+        for name in sorted(comps):
+            compare(f"estimate.components.{name}", comps[name], want_comps.get(name))
+    by_rank = {int(r["rank"]): r for r in want.get("per_rank", [])}
+    for r in est.per_rank:
+        got = by_rank.get(r.rank)
+        compare(f"estimate.per_rank (rank {r.rank}) time", r.time, got and got.get("time"))
+    if not found:
+        return []
+    shown = "; ".join(found[:ESTIMATE_SHOWN])
+    more = f"; and {len(found) - ESTIMATE_SHOWN} more" if len(found) > ESTIMATE_SHOWN else ""
+    return [
+        Diagnostic(
+            "the plan's estimate is not what embarkc computes for its layout and spec "
+            f"(edited by hand, or written by another version of embarkc): {shown}{more}",
+            Span.of_file(path),
+            hint="re-plan the spec (`embarkc plan`) to write the estimate anew; "
+            "`embarkc diff` and `embarkc report` count memory from the cells",
+            severity="warning",
+        )
+    ]
+
+
+def _seconds(x: Any) -> str:
+    x = float(x)
+    if x == 0 or abs(x) >= 1:
+        return f"{format_number(x)} s"
+    if abs(x) >= 1e-3:
+        return f"{x * 1e3:.6g} ms"
+    return f"{x * 1e6:.6g} us"
 
 
 def _cells(program: Program, plan: Plan) -> list[Violation]:
