@@ -65,7 +65,6 @@ def _state(folder: Path) -> dict[str, tuple[str, bytes | str, int, int]]:
         "coding:utf-7.embark",
         "x vim:set ft=c:.embark",
         "tab\there\r\u2028.embark",
-        os.fsdecode(b"\xff.embark"),
     ],
 )
 def test_a_spec_file_name_never_becomes_code(here, name):
@@ -95,6 +94,19 @@ def test_a_spec_file_name_never_becomes_code(here, name):
     # the header is still recognised: without the manifest, the files are ours
     (out / MANIFEST).unlink()
     assert _compile(name, "out") == 0
+
+
+def test_a_spec_file_name_that_is_not_utf8_is_refused_before_anything_is_written(
+    here, capsys
+):
+    """A plan records the spec's path in JSON, which holds only text: a name with a byte
+    that is not UTF-8 cannot be recorded, and the compile says so (exit 2, no folder)."""
+    name = os.fsdecode(b"\xff.embark")
+    shutil.copy(TINY, here / name)
+    assert _compile(name, "out") == 2
+    err = capsys.readouterr().err
+    assert "\\udcff.embark: error: the spec's file name is not UTF-8 text" in err
+    assert not (here / "out").exists()
 
 
 def test_kernels_of_a_spec_with_a_hostile_name_compile():

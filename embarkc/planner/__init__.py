@@ -170,6 +170,16 @@ def build_plan(
     """The plan file of `layout` (estimate computed by the cost model unless given)."""
     from embarkc.planner.cost import CostModel
 
+    spec = program.sources[0].path
+    try:
+        spec.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EmbarkError.at(
+            spec.encode("utf-8", "backslashreplace").decode("utf-8"),
+            "the spec's file name is not UTF-8 text: a plan records it in `source.spec`, "
+            "and a plan file is JSON, which holds only text",
+            hint="rename the spec",
+        ) from None
     topo = program.topology
     if estimate is None:
         estimate = CostModel(program).evaluate_layout(layout)
