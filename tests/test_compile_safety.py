@@ -96,9 +96,7 @@ def test_a_spec_file_name_never_becomes_code(here, name):
     assert _compile(name, "out") == 0
 
 
-def test_a_spec_file_name_that_is_not_utf8_is_refused_before_anything_is_written(
-    here, capsys
-):
+def test_a_spec_file_name_that_is_not_utf8_is_refused_before_anything_is_written(here, capsys):
     """A plan records the spec's path in JSON, which holds only text: a name with a byte
     that is not UTF-8 cannot be recorded, and the compile says so (exit 2, no folder)."""
     name = os.fsdecode(b"\xff.embark")
