@@ -63,9 +63,14 @@ class Diagnostic:
         out = [f"{self.span.render_location()}: {self.severity}: {self.message}"]
         text = (sources or {}).get(self.span.file)
         if text is not None and self.span.line > 0:
-            lines = text.splitlines()
+            # lines as the parser counts them: `\n` ends one (splitlines would also
+            # split at a form feed or U+2028 and quote the wrong line)
+            lines = text.split("\n")
+            if lines[-1] == "":
+                lines.pop()  # the end of the last line, or of an empty file
             if self.span.line <= len(lines):
-                src = lines[self.span.line - 1].expandtabs(1)
+                src = lines[self.span.line - 1].removesuffix("\r")
+                src = src.replace("\r", " ").expandtabs(1)  # a CR would move the cursor
                 gutter = str(self.span.line)
                 pad = " " * len(gutter)
                 start = max(self.span.col, 1)

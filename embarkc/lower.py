@@ -285,6 +285,16 @@ class Lowerer:
 
         topology = self.attempt(self.topology, singles.get("hardware"))
         model = self.attempt(self.model, singles.get("model"))
+        if not any(
+            isinstance(item, Tree) and item.data in ("table", "tables")
+            for f in self.files
+            for item in parts(f.tree)
+        ):
+            self.error(
+                "the spec declares no embedding table: embarkc plans and trains embedding tables",
+                Span.of_file(self.files[0].path),
+                "add one, e.g. `table items { rows 1M dim 64 hotness 1 }`",
+            )
         tables = self.tables(table_blocks, defaults)
         table_names = {name for name, _, _ in table_blocks}
         features = self.features(feature_blocks, table_blocks, tables, defaults)

@@ -198,6 +198,21 @@ def check_text(data: bytes, filename: str, limit: int = MAX_SOURCE_BYTES) -> str
                 "is this a binary file?",
             )
         ) from None
+    cr = re.search("\r(?!\n)", text)
+    if cr is not None:
+        # the parser ends lines at `\n` only: a lone CR would hide the rest of a comment's
+        # line, and with it whatever the file's author saw on the next lines
+        at = cr.start()
+        line = text.count("\n", 0, at) + 1
+        col = at - (text.rfind("\n", 0, at) + 1) + 1
+        raise EmbarkError(
+            Diagnostic(
+                "a lone carriage return (CR) ends a line here: spec lines end in LF or CRLF",
+                Span(filename, line, col, line, col + 1),
+                "convert the file's line ends (classic Mac CR to LF), e.g. `tr '\\r' '\\n'`",
+            ),
+            {filename: text},
+        )
     nul = text.find("\0")
     if nul >= 0:
         line = text.count("\n", 0, nul) + 1
