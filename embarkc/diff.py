@@ -12,8 +12,9 @@ A `PlanView` takes the costs from the plan's own estimate fields when embarkc wr
 outside tool carries only the contract fields; it is re-costed with the project's cost
 model when its program is known (a spec on either side with the same tables, or the spec
 the plan names, found unchanged), else the diff shows what the contract allows (step
-time, per-rank time) and says so. A plan whose layout was edited after embarkc
-costed it (`estimate.layout_sha256` no longer matches) is re-costed the same way; when no
+time, per-rank time) and says so. A plan whose layout or estimate was edited after
+embarkc wrote it (`estimate.layout_sha256` or `figures_sha256` no longer matches) is
+re-costed the same way; when no
 program can be found its stale figures are shown with a note saying so. Memory, per rank
 and per table, is always counted from the cells (exact, whatever an estimate says).
 

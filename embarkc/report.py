@@ -256,10 +256,11 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
 def _source_text(view: PlanView) -> str:
     return {
         "plan": "the plan's own estimate",
-        "cost model": "embarkc's cost model (the plan lacks our estimate fields)",
+        "cost model": "embarkc's cost model (the plan lacks our estimate fields, or its "
+        "layout or estimate was edited after embarkc wrote it)",
         "contract": "the plan's contract fields only (no per-component or per-table costs)",
-        "stale": "the plan's own estimate, which is STALE: the layout was edited after "
-        "embarkc costed it; give the spec to re-cost it",
+        "stale": "the plan's own estimate, which is STALE: its layout or its figures were "
+        "edited after embarkc wrote it; give the spec to re-cost it",
     }[view.cost_source]
 
 

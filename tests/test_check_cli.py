@@ -96,7 +96,9 @@ def test_a_stale_estimate_is_a_warning(planned, capsys) -> None:
     capsys.readouterr()
     assert main(["check", str(path)]) == 0
     captured = capsys.readouterr()
-    assert "warning: the layout was edited after embarkc costed it" in captured.err
+    assert "warning: the layout was edited after embarkc costed it: its estimate is not" in (
+        captured.err
+    )
     assert f"{path}: ok" in captured.out
 
 

@@ -141,8 +141,11 @@ def test_an_edit_beyond_the_bounds_is_named_by_every_command(
 
 
 def test_diff_json_is_finite_for_the_largest_admitted_times(folder: Path, capsys) -> None:
-    """Times at the loader's bound over a time near 0: the relative change is capped."""
+    """Times at the loader's bound over a time near 0: the relative change is capped. (The
+    plans lack `figures_sha256`, as an older embarkc's do, so that diff takes their own
+    figures rather than re-costing the edit away.)"""
     data = json.loads((folder / "p.json").read_text())
+    del data["estimate"]["figures_sha256"]
     data["estimate"]["step_time"] = 5e-324
     (folder / "tiny_time.json").write_text(json.dumps(data))
     data["estimate"]["step_time"] = 1e6
@@ -182,3 +185,29 @@ def test_a_file_larger_than_any_spec_is_not_the_plans_spec(folder: Path) -> None
     assert find_plan_spec(load_plan(folder / "big.json"), folder / "big.json")[1] == "changed"
     plan = load_plan(folder / "p.json")
     assert find_plan_spec(plan, folder / "p.json")[1] == "unchanged"
+
+
+def test_an_edited_estimate_cannot_hide_a_slower_plan(folder: Path, capsys) -> None:
+    """B is the row-wise plan, slower than A, with its step and rank times edited down to
+    A's: `estimate.figures_sha256` no longer matches, so diff re-costs B from the spec and
+    --fail-if-slower still fails; report and simulate say the estimate was edited."""
+    assert main(["plan", "tiny.embark", "--strategy", "row-wise", "-o", "b.json"]) == 0
+    a, b = json.loads((folder / "p.json").read_text()), json.loads((folder / "b.json").read_text())
+    slower = b["estimate"]["step_time"]
+    assert slower > a["estimate"]["step_time"] * 1.05
+    b["estimate"]["step_time"] = a["estimate"]["step_time"]
+    for r in b["estimate"]["per_rank"]:
+        r["time"] = min(r["time"], a["estimate"]["step_time"])
+    (folder / "edited.json").write_text(json.dumps(b, indent=2))
+    capsys.readouterr()
+    assert main(["diff", "p.json", "edited.json", "--fail-if-slower", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"{slower * 1e6:.1f} us" in out  # the re-costed, true step time
+    assert main(["check", "edited.json"]) == 0
+    assert "warning: the plan's estimate is not what embarkc computes" in capsys.readouterr().err
+    assert main(["simulate", "edited.json", "--batches", "1"]) == 0
+    assert "the estimate's figures were edited after embarkc wrote them" in capsys.readouterr().err
+    assert main(["report", "edited.json", "-o", "edited.svg"]) == 0
+    # an untouched plan is not stale
+    assert main(["check", "b.json"]) == 0
+    assert "edited" not in capsys.readouterr().err

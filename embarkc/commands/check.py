@@ -169,7 +169,7 @@ def _check_plan_file(path: str) -> None:
     """Validate the plan at `path` (EmbarkError or PlanError naming the broken rule) and
     print its summary."""
     from embark_runtime.plan import load_plan
-    from embarkc.planner import estimate_is_stale, warn_ignored_constraints
+    from embarkc.planner import stale_reason, warn_ignored_constraints
     from embarkc.planner.check import check_plan
 
     plan = load_plan(path)
@@ -179,10 +179,12 @@ def _check_plan_file(path: str) -> None:
         check_plan(program, plan, path, constraints=not fixed)
         if fixed:
             warn_ignored_constraints(program, plan)
-    if estimate_is_stale(plan):
+    why = stale_reason(plan)
+    if why is not None and "layout" in why:  # edited figures: check_plan names each
         print(
-            f"{path}: warning: the layout was edited after embarkc costed it: its estimate "
-            "is of the layout before the edit (`embarkc simulate` counts the new one)",
+            f"{path}: warning: {why}: its estimate is not embarkc's for this plan "
+            "(`embarkc diff` and `report` re-cost it from the spec, `embarkc simulate` "
+            "counts it)",
             file=sys.stderr,
         )
     _print_rows(f"{path}: ok", plan_summary_rows(plan, against))

@@ -98,12 +98,13 @@ def run(args: argparse.Namespace) -> int:
         raise EmbarkError.at(args.target, str(e)) from None
     wall = time.perf_counter() - start
     print_result(plan, result, compare_with_estimate(plan, result), wall, args.all_ranks)
-    from embarkc.planner import estimate_is_stale
+    from embarkc.planner import stale_reason
 
-    if estimate_is_stale(plan):
+    why = stale_reason(plan)
+    if why is not None:
         print(
-            f"{args.target}: warning: the plan's layout was edited after embarkc costed it: "
-            "its estimate (compared above) is of the layout before the edit",
+            f"{args.target}: warning: {why}: the estimate compared above is not embarkc's "
+            "for this plan (`embarkc plan` writes it anew)",
             file=sys.stderr,
         )
     return EXIT_OK

@@ -37,6 +37,8 @@ __all__ = [
     "warn_ignored_constraints",
     "layout_digest",
     "estimate_is_stale",
+    "figures_digest",
+    "stale_reason",
 ]
 
 REFINE_SHARE = 0.7
@@ -296,6 +298,9 @@ def build_plan(
     # the estimate names the layout it costs, so that an edit of the layout shows
     estimate_model = plan.estimate.model_copy(update={"layout_sha256": layout_digest(plan)})
     plan = plan.model_copy(update={"estimate": estimate_model})
+    # and its figures, so that a hand edit of a time or a size shows too
+    estimate_model = plan.estimate.model_copy(update={"figures_sha256": figures_digest(plan)})
+    plan = plan.model_copy(update={"estimate": estimate_model})
     try:
         # every bound a plan file is read with (its fields of our own too): the planner
         # never writes a plan that the commands reading it refuse
@@ -334,13 +339,46 @@ def layout_digest(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def estimate_is_stale(plan: Plan) -> bool | None:
-    """Whether the plan's layout changed after embarkc costed it (None: the estimate does
-    not say which layout it costs, e.g. a plan from another tool)."""
-    recorded = (plan.estimate.model_extra or {}).get("layout_sha256")
+DIGESTS = ("layout_sha256", "figures_sha256")
+"""The estimate's own digests, left out of `figures_digest`."""
+
+
+def figures_digest(plan: Plan) -> str:
+    """sha256 of the estimate's figures as the plan file holds them (every field of
+    `estimate` but its digests): a hand edit of a time or a size no longer matches."""
+    import hashlib
+    import json
+
+    from embark_runtime.plan import plan_to_dict
+
+    est = {k: v for k, v in plan_to_dict(plan)["estimate"].items() if k not in DIGESTS}
+    text = json.dumps(est, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def stale_reason(plan: Plan) -> str | None:
+    """Why the plan's estimate is not embarkc's for its layout: its layout or its figures
+    were edited after embarkc wrote it (None: neither, or the estimate does not say which
+    layout it costs, e.g. a plan from another tool; a plan of an embarkc before
+    `figures_sha256` is judged by its layout alone)."""
+    extra = plan.estimate.model_extra or {}
+    recorded = extra.get("layout_sha256")
     if recorded is None:
         return None
-    return bool(recorded != layout_digest(plan))
+    if recorded != layout_digest(plan):
+        return "the layout was edited after embarkc costed it"
+    figures = extra.get("figures_sha256")
+    if figures is not None and figures != figures_digest(plan):
+        return "the estimate's figures were edited after embarkc wrote them"
+    return None
+
+
+def estimate_is_stale(plan: Plan) -> bool | None:
+    """Whether the plan's estimate no longer costs it as embarkc did (`stale_reason`);
+    None: the estimate does not say which layout it costs (a plan from another tool)."""
+    if (plan.estimate.model_extra or {}).get("layout_sha256") is None:
+        return None
+    return stale_reason(plan) is not None
 
 
 def plan_to_json(plan: Plan) -> str:

@@ -332,10 +332,11 @@ def estimate_warnings(program: Program, plan: Plan, path: str) -> list[Diagnosti
     computes for the layout and `program`: every rank's memory_bytes (counted from the
     cells) and time, the step time, critical path and components (the cost model). Assumes
     `plan` describes `program` (`validate_plan` found nothing)."""
-    from embarkc.planner import estimate_is_stale
+    from embarkc.planner import layout_digest
     from embarkc.planner.cost import CostModel
 
-    if estimate_is_stale(plan) is not False:
+    recorded = (plan.estimate.model_extra or {}).get("layout_sha256")
+    if recorded is None or recorded != layout_digest(plan):
         return []
     est = plan.estimate
     used = _memory_used(program, plan)
