@@ -602,6 +602,8 @@ def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
             f"**step time not known**: plan {' and '.join(stale)} has a stale estimate "
             f"({ta} -> {tb} before the edit)"
         )
+    elif pct is None and s.step_time.a == 0 and s.step_time.b:
+        head = f"**slower** ({ta} -> {tb}: from nothing)"
     elif pct is None or abs(pct) < SAME_PCT:
         head = f"**same step time** ({ta} -> {tb})"
     elif pct > 0:
@@ -610,6 +612,8 @@ def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
         head = f"**faster by {_pct_text(-pct)} %** ({ta} -> {tb})"
     mp = s.peak_memory.pct
     mem = "unchanged" if mp is None or abs(mp) < SAME_PCT else f"{_pct_text(mp, signed=True)} %"
+    if mp is None and s.peak_memory.a == 0 and s.peak_memory.b:
+        mem = f"from nothing to {fmt_bytes(s.peak_memory.b)}"
     moved = migration.total_bytes
     move = f"{fmt_bytes(moved)} to migrate" if moved else "nothing to migrate"
     return f"{head}, peak memory {mem}, {move}"

@@ -211,3 +211,15 @@ def test_an_edited_estimate_cannot_hide_a_slower_plan(folder: Path, capsys) -> N
     # an untouched plan is not stale
     assert main(["check", "b.json"]) == 0
     assert "edited" not in capsys.readouterr().err
+
+
+def test_a_step_time_from_zero_is_not_called_the_same(folder: Path, capsys) -> None:
+    """A (an older embarkc's plan, without `figures_sha256`) says its step takes 0 s: no
+    percentage exists, and the verdict said "same step time" while the gate failed."""
+    data = json.loads((folder / "p.json").read_text())
+    del data["estimate"]["figures_sha256"]
+    data["estimate"]["step_time"] = 0.0
+    (folder / "zero.json").write_text(json.dumps(data))
+    rc, out, err = _run(["diff", "zero.json", "p.json", "--fail-if-slower", "0"], capsys)
+    assert rc == 1, err
+    assert out.startswith("slower (0.0 us -> ") and "from nothing" in out.splitlines()[0]

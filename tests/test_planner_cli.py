@@ -429,3 +429,20 @@ def test_contradicting_bounds_of_a_colocate_group_say_which_table_set_each(tmp_p
         assert "`t1` asks for at least 2 column shards, `t2` (rowwise_adagrad) allows at" in err
         assert "  6 | plan { table t1 { row_shards 3 column_shards 2 } colocate t1, t2 }" in err
         assert "hint: relax the bounds, or drop the colocate" in err
+
+
+def test_a_baseline_that_ignores_the_spec_constraints_is_not_compared_with_any_plan(
+    tmp_path, capsys
+):
+    """With `history` pinned to ub, column-wise (all rb) is no plan of the spec: its time
+    is below the lower bound on the spec's plans, and the line says why rather than
+    printing "at most 0.75x any plan"."""
+    spec = tmp_path / "pinned.embark"
+    spec.write_text(
+        Path(TINY).read_text().replace("  seed 0", "  seed 0\n  table history { cluster ub }")
+    )
+    assert main(["plan", str(spec), "--solver", "greedy", "--time-limit", "3"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "baseline column-wise" in ln]
+    assert len(lines) == 1
+    assert "ignoring the spec's constraints: not a plan of this spec" in lines[0]
+    assert "any plan" not in lines[0]

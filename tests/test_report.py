@@ -164,6 +164,10 @@ def test_the_baseline_panel_draws_both_bounds_each_named(tmp_path):
         "lower bound (any plan)": pytest.approx(d.view.lower_bound * 1e3),
         "cp-sat bound (its last model)": pytest.approx(d.view.bound * 1e3),
     }
+    # and the caption says which line is which, as the figure draws them
+    html = report.render_html(d)
+    assert "the solid line is the lower bound on any plan" in html
+    assert "the dotted one CP-SAT's bound" in html
 
 
 def test_a_plan_alone_finds_its_spec_for_the_heat_map(tmp_path, monkeypatch):

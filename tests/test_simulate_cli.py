@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,8 @@ def test_user_mistakes_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "invalid plan (batch)" in err and "does not split evenly over the 4 ranks" in err
     assert main(["simulate", str(uneven), "--batches", "0"]) == 2
     assert "--batches must be at least 1" in capsys.readouterr().err
+    assert main(["simulate", str(uneven), "--batches", "1000000000"]) == 2
+    assert "--batches 1,000,000,000: at most 10,000" in capsys.readouterr().err
     assert main(["simulate", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
 
@@ -106,3 +109,15 @@ def test_a_dense_model_too_large_to_count_is_a_user_error(
     err = capsys.readouterr().err
     assert "the dense model's gradients would be all-reduced as" in err
     assert "internal error" not in err
+
+
+def test_many_batches_print_their_spread_not_each(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(dumps_plan(make_plan()))
+    assert main(["simulate", str(path), "--batches", "13"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"per batch: min [0-9.]+ ms, median [0-9.]+ ms, max [0-9.]+ ms", out), out
+    assert main(["simulate", str(path), "--batches", "3"]) == 0
+    assert re.search(r"per batch: [0-9.]+ ms, [0-9.]+ ms, [0-9.]+ ms\n", capsys.readouterr().out)

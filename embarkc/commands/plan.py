@@ -283,13 +283,36 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
             f"{baseline_seconds(size.tables, size.heads):.2g} s of the {limit:g} s time "
             f"limit; a limit of {baselines_limit(*size)} s or more costs them"
         )
-    for name, t in sorted(pextra.get("baselines", {}).items()):
+    costed = pextra.get("baselines", {})
+    ignoring = _ignoring_constraints(program, sorted(costed)) if program.constraints else set()
+    for name, t in sorted(costed.items()):
         line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"
-        if low:
+        if name in ignoring:
+            # the lower bound is of the plans the spec allows; this one it does not
+            line += ", ignoring the spec's constraints: not a plan of this spec"
+        elif low:
             line += f", at most {t / low:.2f}x any plan"
         print(line + ")")
     if output:
         print(f"wrote {output}")
+
+
+def _ignoring_constraints(program: Any, names: list[str]) -> set[str]:
+    """The fixed strategies of `names` whose layout breaks a placement constraint of the
+    spec (a fixed strategy is what its name says, whatever the spec pins)."""
+    from embarkc.planner import baselines as bl
+    from embarkc.planner import build_plan
+    from embarkc.planner.check import constraint_violations
+    from embarkc.planner.cost import CostModel
+
+    cm = CostModel(program)
+    out = set()
+    for name in names:
+        layout = bl.build_layout(cm, name)
+        info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
+        if constraint_violations(program, build_plan(program, layout, info)):
+            out.add(name)
+    return out
 
 
 def _explain(program: Any, plan: Any, table: str) -> None:

@@ -20,12 +20,24 @@ from embarkc.diagnostics import EXIT_OK, Diagnostic, print_warnings
 
 HELP = "count a plan's traffic and work on sampled batches and estimate its step time"
 
+MAX_BATCHES = 10_000
+"""The most batches one simulation draws."""
+
+SHOWN_BATCHES = 12
+"""Up to this many batches, each one's step time is printed; beyond, min, median, max."""
+
 SHOWN_RANKS = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="SPEC|PLAN", help="a spec (.embark) or a plan (.json)")
-    p.add_argument("--batches", type=int, default=2, metavar="K", help="batches to draw (2)")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=2,
+        metavar="K",
+        help=f"batches to draw (2, at most {MAX_BATCHES:,})",
+    )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="data seed (0)")
     p.add_argument("--strategy", help="planning strategy for a SPEC (default: the spec's)")
     p.add_argument("--solver", choices=("greedy", "cp-sat"), help="solver for a SPEC")
@@ -85,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batches < 1:
         raise EmbarkError.at(args.target, f"--batches must be at least 1, got {args.batches}")
+    if args.batches > MAX_BATCHES:
+        raise EmbarkError.at(
+            args.target,
+            f"--batches {args.batches:,}: at most {MAX_BATCHES:,} (each batch is drawn and "
+            "counted in full; the average settles within a few)",
+        )
     check_planner_options(args, args.target)
     plan = load_target(args)
 
@@ -160,8 +178,14 @@ def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_
         f"step time {_ms(result.step_time)} (critical rank {result.critical_rank}); "
         f"dense all-reduce {_ms(result.dense_allreduce_time)} (apart, as in the estimate)"
     )
-    if result.batches > 1:
+    if 1 < result.batches <= SHOWN_BATCHES:
         print("  per batch: " + ", ".join(_ms(t) for t in result.step_times))
+    elif result.batches > SHOWN_BATCHES:
+        times = sorted(result.step_times)
+        print(
+            f"  per batch: min {_ms(times[0])}, median {_ms(times[len(times) // 2])}, "
+            f"max {_ms(times[-1])}"
+        )
     from embarkc.simulate import key_window
 
     window = key_window(plan)
