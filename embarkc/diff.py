@@ -436,6 +436,8 @@ def _flat(value: Any, prefix: str = "") -> dict[str, str]:
     if isinstance(value, list | tuple):
         text = json.dumps(value, sort_keys=True)
     else:
+        if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+            value = int(value)  # a mean hotness of 30, not 30.0
         text = format_number(value) if isinstance(value, int | float) else str(value)
     out[prefix.rstrip(".")] = text
     return out

@@ -468,7 +468,8 @@ def render_image(d: ReportData, path: Path) -> None:
     v = d.view
     fig.suptitle(
         f"{d.label}\n{fmt_time(v.step_time)} per step, peak {fmt_bytes(v.peak_memory)} of "
-        f"{fmt_bytes(v.hbm_bytes)}, {len(d.plan.tables)} tables in {len(d.clusters)} clusters "
+        f"{fmt_bytes(v.hbm_bytes)}, {len(d.plan.tables)} table{'s' if len(d.plan.tables) != 1 else ''} in "
+        f"{len(d.clusters)} cluster{'s' if len(d.clusters) != 1 else ''} "
         f"on {d.plan.world_size} ranks, planner {d.plan.planner.status}",
         fontsize=10,
     )
