@@ -98,7 +98,7 @@ def test_a_table_grows(base):
 def test_a_hotness_changes(base):
     d, _ = _diff_to(base, "hot", BASE.replace("hotness 30", "hotness 10") % "")
     hot = [c for c in d.spec_changes if c.what == "feature"]
-    assert len(hot) == 1 and hot[0].fields["hotness"] == ("30.0", "10.0")
+    assert len(hot) == 1 and hot[0].fields["hotness"] == ("30", "10")
     assert not d.tables_delta  # the table itself is the same
     assert d.summary.step_time.delta is not None and d.summary.step_time.delta < 0
     assert d.verdict.startswith("**faster by ")
