@@ -109,13 +109,7 @@ class EmbarkError(Exception):
     def render_with_files(self) -> str:
         """`render`, with the caret lines of diagnostics whose file text the error does not
         carry (errors raised after lowering, by the planner) read from disk when possible."""
-        for d in self.diagnostics:
-            f = d.span.file
-            if d.span.line > 0 and f not in self.sources:
-                try:
-                    self.sources[f] = Path(f).read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError, ValueError):
-                    continue
+        _read_sources(self.diagnostics, self.sources)
         return self.render()
 
     def render(self) -> str:
@@ -157,17 +151,25 @@ class Collector:
             raise EmbarkError(self.diagnostics, self.sources)
 
 
+def _read_sources(diags: Iterable[Diagnostic], sources: dict[str, str]) -> None:
+    """Add to `sources` the text of every file a diagnostic points into (at a line) that
+    it lacks, where the file can be read."""
+    for d in diags:
+        f = d.span.file
+        if d.span.line > 0 and f not in sources:
+            try:
+                sources[f] = Path(f).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue
+
+
 def print_warnings(diags: Iterable[Diagnostic], sources: dict[str, str] | None = None) -> None:
     """Print `diags` on stderr, with the caret lines of their files (from `sources`, else
     read from disk where they can be)."""
+    diags = list(diags)
     texts = dict(sources or {})
+    _read_sources(diags, texts)
     for d in diags:
-        f = d.span.file
-        if d.span.line > 0 and f not in texts:
-            try:
-                texts[f] = Path(f).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError, ValueError):
-                continue
         print(d.render(texts), file=sys.stderr)
 
 

@@ -14,9 +14,9 @@ model when its program is known (a spec on either side with the same tables, or 
 the plan names, found unchanged), else the diff shows what the contract allows (step
 time, per-rank time) and says so. A plan whose layout or estimate was edited after
 embarkc wrote it (`estimate.layout_sha256` or `figures_sha256` no longer matches) is
-re-costed the same way; when no
-program can be found its stale figures are shown with a note saying so. Memory, per rank
-and per table, is always counted from the cells (exact, whatever an estimate says).
+re-costed the same way; when no program can be found its stale figures are shown with a
+note saying so. Memory, per rank and per table, is always counted from the cells (exact,
+whatever an estimate says).
 
 Plans' inputs (topology, features) are compared where both plans record a field: a
 field only one of them gives (embarkc's own, absent from another tool's plan) is listed

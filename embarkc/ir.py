@@ -26,7 +26,7 @@ later stage (planner, simulator, codegen, diff, report) may rely on without chec
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,7 @@ from embark_runtime.plan import (
     MAX_LAYERS,
     MAX_NODES,
     MAX_ROWS,
+    MAX_SEED,
 )
 from embarkc.diagnostics import Span
 
@@ -70,7 +71,7 @@ RATE_LIMITS = {
 """The largest rate of each hardware field (bytes or FLOP/s per second per GPU)."""
 
 MAX_MLP_LAYERS = MAX_LAYERS
-"""Layers of an MLP."""
+"""Layers of an MLP (and cross layers of DCN-V2: `LIMITS["layers"]`)."""
 
 DType = Literal["fp32", "fp16", "bf16"]
 Pooling = Literal["sum", "mean", "concat"]
@@ -123,6 +124,16 @@ class SpanModel(BaseModel):
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     span: SpanModel | None = Field(default=None, repr=False)
+
+
+def without_spans(dumped: Any) -> Any:
+    """A node's `model_dump` without the `span` of it and of every node inside: what it
+    says, not where (plan files record it so)."""
+    if isinstance(dumped, dict):
+        return {k: without_spans(v) for k, v in dumped.items() if k != "span"}
+    if isinstance(dumped, list | tuple):
+        return [without_spans(v) for v in dumped]
+    return dumped
 
 
 # --------------------------------------------------------------------------- hardware
@@ -319,10 +330,6 @@ class Colocate(Node):
     """Keep these tables on the same set of GPUs (same ranks for their cells)."""
 
     tables: tuple[str, ...]
-
-
-MAX_SEED = 2**31 - 1
-"""The largest seed: the CP-SAT solver's seeds are 32-bit signed integers."""
 
 
 class PlanOptions(Node):

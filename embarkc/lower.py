@@ -239,6 +239,7 @@ class Lowerer:
         singles: dict[str, Block] = {}
         defaults: dict[str, Field_] = {}
         table_blocks: list[tuple[str, Span, Block]] = []
+        declares_tables = False  # a `tables` group whose range failed has its own error
         feature_blocks: list[Block] = []
         for f in self.files:
             for item in parts(f.tree):
@@ -269,11 +270,13 @@ class Lowerer:
                         else:
                             defaults[key] = fld
                 elif item.data == "table":
+                    declares_tables = True
                     b = self.block(item, f.path)
                     name_tok = parts(item)[0]
                     assert isinstance(name_tok, Token)
                     table_blocks.append((str(name_tok), span_of(name_tok, f.path), b))
                 elif item.data == "tables":
+                    declares_tables = True
                     b = self.block(item, f.path)
                     rng = parts(item)[0]
                     assert isinstance(rng, Tree)
@@ -285,11 +288,7 @@ class Lowerer:
 
         topology = self.attempt(self.topology, singles.get("hardware"))
         model = self.attempt(self.model, singles.get("model"))
-        if not any(
-            isinstance(item, Tree) and item.data in ("table", "tables")
-            for f in self.files
-            for item in parts(f.tree)
-        ):
+        if not declares_tables:
             self.error(
                 "the spec declares no embedding table: embarkc plans and trains embedding tables",
                 Span.of_file(self.files[0].path),

@@ -202,26 +202,28 @@ def check_text(data: bytes, filename: str, limit: int = MAX_SOURCE_BYTES) -> str
     if cr is not None:
         # the parser ends lines at `\n` only: a lone CR would hide the rest of a comment's
         # line, and with it whatever the file's author saw on the next lines
-        at = cr.start()
-        line = text.count("\n", 0, at) + 1
-        col = at - (text.rfind("\n", 0, at) + 1) + 1
         raise EmbarkError(
             Diagnostic(
                 "a lone carriage return (CR) ends a line here: spec lines end in LF or CRLF",
-                Span(filename, line, col, line, col + 1),
+                _char_span(filename, text, cr.start()),
                 "convert the file's line ends (classic Mac CR to LF), e.g. `tr '\\r' '\\n'`",
             ),
             {filename: text},
         )
     nul = text.find("\0")
     if nul >= 0:
-        line = text.count("\n", 0, nul) + 1
-        col = nul - (text.rfind("\n", 0, nul) + 1) + 1
         raise EmbarkError(
-            Diagnostic("file contains a NUL byte", Span(filename, line, col, line, col + 1)),
+            Diagnostic("file contains a NUL byte", _char_span(filename, text, nul)),
             {filename: text},
         )
     return text
+
+
+def _char_span(filename: str, text: str, at: int) -> Span:
+    """The span of the one character at offset `at` of `text` (lines end at `\n`)."""
+    line = text.count("\n", 0, at) + 1
+    col = at - (text.rfind("\n", 0, at) + 1) + 1
+    return Span(filename, line, col, line, col + 1)
 
 
 BOM = "\ufeff"

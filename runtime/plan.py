@@ -64,7 +64,8 @@ widths, bounded as an embedding's dim is."""
 MAX_LAYERS = 1 << 10
 """Layers of an MLP, cross layers of DCN-V2."""
 MAX_SEED = 2**31 - 1
-"""Seeds, as in a spec (embarkc.ir.MAX_SEED)."""
+"""Seeds, of a spec too (embarkc.ir imports it): the CP-SAT solver's seeds are 32-bit
+signed integers."""
 
 
 class PlanError(Exception):
@@ -301,6 +302,7 @@ class _OwnEstimate(_M):
     key_window: Seconds | None = None
     dense_allreduce_time: Seconds | None = None
     layout_sha256: str | None = None
+    figures_sha256: str | None = None
 
 
 class _OwnConstraint(_M):

@@ -1076,11 +1076,11 @@ class _Sharded:
         if a.checkpoint_dir is not None and a.checkpoint_dir.exists():
             latest, damaged = checkpoint.newest_complete(a.checkpoint_dir)
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        # a checkpoint newest_complete chose has had every file hashed: not again
+        verified = True
         if a.resume == "" or (restarted and latest is not None):
             # after a restart, what this run checkpointed itself beats the starting point
-            for bad, why in damaged:
-                self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
-                self._passed_over.add(bad)
+            self._pass_over(damaged)
             if latest is None:
                 return 0, None
             path = Path(latest)
@@ -1091,10 +1091,12 @@ class _Sharded:
             # a folder of checkpoints: its newest complete one, naming those passed over
             newest, passed = checkpoint.newest_complete(path)
             if newest is not None:
-                for bad, why in passed:
-                    self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
+                self._pass_over(passed)
                 path = newest
-        step, cells, extra = checkpoint.load_checkpoint(path, self.plan, self.rank)
+            verified = newest is not None
+        step, cells, extra = checkpoint.load_checkpoint(
+            path, self.plan, self.rank, verify=not verified
+        )
         self.embeddings.load_cells(cells)
         extra = dict(extra or {})
         dense_state = {
@@ -1121,6 +1123,13 @@ class _Sharded:
         else:
             self.log.say(f"{path} has no dense model: the dense part starts fresh")
         return int(step), path
+
+    def _pass_over(self, damaged: list[tuple[Path, str]]) -> None:
+        """Warn of each damaged checkpoint a resume passed over, and remember it (it is no
+        other run's checkpoint: `_warn_newer_checkpoints`)."""
+        for bad, why in damaged:
+            self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
+            self._passed_over.add(bad)
 
     def _export(self, path: Path) -> None:
         tables = {}

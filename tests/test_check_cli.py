@@ -219,6 +219,13 @@ def test_the_error_count_is_not_the_cap_of_syntax_errors_shown(tmp_path, capsys)
     assert last == "20 errors shown, and more after them: fix these and run again", last
 
 
+def _rewrite(path: Path, edit) -> None:
+    """Apply `edit` to the plan's JSON at `path`, as a hand edit would."""
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
 @pytest.mark.parametrize(
     ("edit", "needle"),
     [
@@ -239,9 +246,7 @@ def test_an_edited_estimate_of_an_unchanged_layout_is_a_warning(
     """The estimate is embarkc's by definition: check counts memory from the cells and
     times with the cost model, as it warns of a stale one."""
     _, path = planned
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data))
+    _rewrite(path, edit)
     capsys.readouterr()
     assert main(["check", str(path)]) == 0
     captured = capsys.readouterr()
@@ -268,9 +273,7 @@ def test_a_field_of_our_own_that_the_spec_determines_is_compared(
     planned, capsys, edit, needle
 ) -> None:
     _, path = planned
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data))
+    _rewrite(path, edit)
     capsys.readouterr()
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err

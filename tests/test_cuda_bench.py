@@ -83,10 +83,10 @@ def test_the_trainer_checks_spec_is_tiny_on_one_gpu():
         load_program(str(ROOT / "specs" / "tiny.embark")),
     )
 
-    from embarkc.planner import _strip_spans
+    from embarkc.ir import without_spans
 
     def strip(x):
-        return _strip_spans(x.model_dump(mode="json"))
+        return without_spans(x.model_dump(mode="json"))
 
     for a, b in ((one.tables, tiny.tables), (one.features, tiny.features)):
         assert [strip(m) for m in a] == [strip(m) for m in b]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,6 +43,24 @@ def refuse_overwriting_inputs(output: str | Path, inputs: Iterable[str | Path], 
                 f"-o names the input {path}: writing {what} there would replace it",
                 hint="give -o another path",
             )
+
+
+def refuse_folder_output(output: str, what: str, example: str) -> None:
+    """Raise an EmbarkError, before any work, when `-o output` (a file holding `what`) is
+    a folder or is spelt as one (`new/`, `new/.`: the write would otherwise make a file
+    named `new`); the hint names `example` inside it."""
+    last = os.path.basename(output)
+    if Path(output).is_dir():
+        why = "it is a folder"
+    elif last in ("", ".", ".."):
+        why = f"a path ending in `{last or output[-1]}` names a folder"
+    else:
+        return
+    raise EmbarkError.at(
+        output,
+        f"cannot write {what}: {why}, give a file name",
+        hint=f"e.g. -o {os.path.join(os.path.normpath(output), example)}",
+    )
 
 
 def name_hint(word: str, names: Iterable[str]) -> str | None:

@@ -169,7 +169,7 @@ def _check_plan_file(path: str) -> None:
     """Validate the plan at `path` (EmbarkError or PlanError naming the broken rule) and
     print its summary."""
     from embark_runtime.plan import load_plan
-    from embarkc.planner import stale_reason, warn_ignored_constraints
+    from embarkc.planner import layout_is_stale, stale_reason, warn_ignored_constraints
     from embarkc.planner.check import check_plan
 
     plan = load_plan(path)
@@ -179,8 +179,9 @@ def _check_plan_file(path: str) -> None:
         check_plan(program, plan, path, constraints=not fixed)
         if fixed:
             warn_ignored_constraints(program, plan)
-    why = stale_reason(plan)
-    if why is not None and "layout" in why:  # edited figures: check_plan names each
+    # (edited figures of an unchanged layout: check_plan's estimate warning names each)
+    if layout_is_stale(plan):
+        why = stale_reason(plan)
         print(
             f"{path}: warning: {why}: its estimate is not embarkc's for this plan "
             "(`embarkc diff` and `report` re-cost it from the spec, `embarkc simulate` "

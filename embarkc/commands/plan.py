@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import time
 from collections import Counter
@@ -68,22 +67,10 @@ def _check_output(args: argparse.Namespace) -> None:
         raise EmbarkError.at(
             args.spec, "-o is empty", hint="give -o a file path, e.g. plan.json (or - for stdout)"
         )
-    if out == "-":
-        return
-    if Path(out).is_dir():
-        raise EmbarkError.at(
-            out,
-            "cannot write the plan: it is a folder, give a file name",
-            hint=f"e.g. -o {Path(out) / 'plan.json'}",
-        )
-    last = os.path.basename(out)
-    if last in ("", ".", ".."):
-        raise EmbarkError.at(
-            out,
-            f"cannot write the plan: a path ending in `{last or out[-1]}` names a folder, "
-            "give a file name",
-            hint=f"e.g. -o {os.path.join(os.path.normpath(out), 'plan.json')}",
-        )
+    if out != "-":
+        from embarkc.commands import refuse_folder_output
+
+        refuse_folder_output(out, "the plan", "plan.json")
 
 
 def _ms(x: float) -> str:
@@ -300,19 +287,12 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
 def _ignoring_constraints(program: Any, names: list[str]) -> set[str]:
     """The fixed strategies of `names` whose layout breaks a placement constraint of the
     spec (a fixed strategy is what its name says, whatever the spec pins)."""
-    from embarkc.planner import baselines as bl
-    from embarkc.planner import build_plan
+    from embarkc.planner import fixed_plan
     from embarkc.planner.check import constraint_violations
     from embarkc.planner.cost import CostModel
 
     cm = CostModel(program)
-    out = set()
-    for name in names:
-        layout = bl.build_layout(cm, name)
-        info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
-        if constraint_violations(program, build_plan(program, layout, info)):
-            out.add(name)
-    return out
+    return {n for n in names if constraint_violations(program, fixed_plan(program, cm, n)[1])}
 
 
 def _explain(program: Any, plan: Any, table: str) -> None:

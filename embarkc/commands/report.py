@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 HELP = "draw a plan (or a spec, planned on the fly) as an HTML page or a PNG/SVG figure"
@@ -23,26 +22,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import PlanError
     from embarkc import diff, report
-    from embarkc.commands import refuse_overwriting_inputs
+    from embarkc.commands import refuse_folder_output, refuse_overwriting_inputs
     from embarkc.diagnostics import EXIT_OK, EmbarkError
     from embarkc.emit import input_paths
 
     out = Path(args.output)
     if not args.output:
         raise EmbarkError.at(args.input, "-o is empty", hint="give -o a file, e.g. plan.html")
-    last = os.path.basename(args.output)
-    if out.is_dir() or last in ("", ".", ".."):
-        # Path() drops a trailing `/`: `-o new.html/` would write a file `new.html`
-        why = (
-            "it is a folder"
-            if out.is_dir()
-            else f"a path ending in `{last or args.output[-1]}` names a folder"
-        )
-        raise EmbarkError.at(
-            args.output,
-            f"cannot write the report: {why}, give a file name",
-            hint=f"e.g. -o {os.path.join(os.path.normpath(args.output), 'plan.html')}",
-        )
+    # Path() drops a trailing `/`: `-o new.html/` would write a file `new.html`
+    refuse_folder_output(args.output, "the report", "plan.html")
     if out.suffix.lower() not in (".html", ".htm", ".png", ".svg"):
         raise EmbarkError.at(args.output, "the output must end in .html, .png or .svg")
     refuse_overwriting_inputs(out, [args.input], "the report")

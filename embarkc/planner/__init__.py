@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from embark_runtime.plan import Plan, PlanError, dumps_plan, parse_plan, validate_rules
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
-from embarkc.ir import Program
+from embarkc.ir import Program, without_spans
 from embarkc.planner.types import Layout
 
 if TYPE_CHECKING:
@@ -37,8 +37,10 @@ __all__ = [
     "warn_ignored_constraints",
     "layout_digest",
     "estimate_is_stale",
+    "layout_is_stale",
     "figures_digest",
     "stale_reason",
+    "fixed_plan",
 ]
 
 REFINE_SHARE = 0.7
@@ -147,14 +149,6 @@ def round9(x: Any) -> Any:
     return x
 
 
-def _strip_spans(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _strip_spans(v) for k, v in x.items() if k != "span"}
-    if isinstance(x, list | tuple):
-        return [_strip_spans(v) for v in x]
-    return x
-
-
 def _access(a: Any) -> dict[str, Any]:
     if a.kind == "uniform":
         return {"kind": "uniform"}
@@ -203,7 +197,7 @@ def build_plan(
                     "beta2": o.beta2,
                     "weight_decay": o.weight_decay,
                 },
-                "init": _strip_spans(t.init.model_dump()),
+                "init": without_spans(t.init.model_dump()),
             }
         )
     features = [
@@ -285,7 +279,7 @@ def build_plan(
         "shards": shards,
         "estimate": estimate,
         "planner": planner,
-        "model": _strip_spans(program.model.model_dump(mode="json")),
+        "model": without_spans(program.model.model_dump(mode="json")),
         "seed": program.options.seed,
     }
     try:
@@ -295,12 +289,10 @@ def build_plan(
         where = ".".join(str(x) for x in err["loc"])
         raise _beyond_plan_files(program, f"field `{where}`: {err['msg']}") from None
     validate_rules(plan, program.sources[0].path)
-    # the estimate names the layout it costs, so that an edit of the layout shows
-    estimate_model = plan.estimate.model_copy(update={"layout_sha256": layout_digest(plan)})
-    plan = plan.model_copy(update={"estimate": estimate_model})
-    # and its figures, so that a hand edit of a time or a size shows too
-    estimate_model = plan.estimate.model_copy(update={"figures_sha256": figures_digest(plan)})
-    plan = plan.model_copy(update={"estimate": estimate_model})
+    # the estimate names the layout it costs and its own figures, so that an edit of
+    # either shows (`figures_digest` leaves the digests out)
+    digests = {"layout_sha256": layout_digest(plan), "figures_sha256": figures_digest(plan)}
+    plan = plan.model_copy(update={"estimate": plan.estimate.model_copy(update=digests)})
     try:
         # every bound a plan file is read with (its fields of our own too): the planner
         # never writes a plan that the commands reading it refuse
@@ -356,18 +348,26 @@ def figures_digest(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def layout_is_stale(plan: Plan) -> bool | None:
+    """Whether the plan's layout changed after embarkc costed it (None: the estimate does
+    not say which layout it costs, e.g. a plan from another tool)."""
+    recorded = (plan.estimate.model_extra or {}).get("layout_sha256")
+    if recorded is None:
+        return None
+    return bool(recorded != layout_digest(plan))
+
+
 def stale_reason(plan: Plan) -> str | None:
     """Why the plan's estimate is not embarkc's for its layout: its layout or its figures
     were edited after embarkc wrote it (None: neither, or the estimate does not say which
     layout it costs, e.g. a plan from another tool; a plan of an embarkc before
     `figures_sha256` is judged by its layout alone)."""
-    extra = plan.estimate.model_extra or {}
-    recorded = extra.get("layout_sha256")
-    if recorded is None:
+    layout = layout_is_stale(plan)
+    if layout is None:
         return None
-    if recorded != layout_digest(plan):
+    if layout:
         return "the layout was edited after embarkc costed it"
-    figures = extra.get("figures_sha256")
+    figures = (plan.estimate.model_extra or {}).get("figures_sha256")
     if figures is not None and figures != figures_digest(plan):
         return "the estimate's figures were edited after embarkc wrote them"
     return None
@@ -376,7 +376,7 @@ def stale_reason(plan: Plan) -> str | None:
 def estimate_is_stale(plan: Plan) -> bool | None:
     """Whether the plan's estimate no longer costs it as embarkc did (`stale_reason`);
     None: the estimate does not say which layout it costs (a plan from another tool)."""
-    if (plan.estimate.model_extra or {}).get("layout_sha256") is None:
+    if layout_is_stale(plan) is None:
         return None
     return stale_reason(plan) is not None
 
@@ -464,19 +464,26 @@ def _faster_fixed(
     """The fastest of the fixed strategies (`fixed`: their step times) that is faster than
     `layout` and passes the checker with the spec's constraints, with its layout; None when
     none is."""
-    from embarkc.planner import baselines as bl
     from embarkc.planner.check import validate_plan
 
     current = cm.step_time(layout)
     for name, t in sorted(fixed.items(), key=lambda kv: (kv[1], kv[0])):
         if not t < current * (1 - 1e-9):
             return None
-        candidate = bl.build_layout(cm, name)
-        info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
-        plan = build_plan(program, candidate, info, cm.evaluate_layout(candidate))
+        candidate, plan = fixed_plan(program, cm, name)
         if not validate_plan(program, plan):
             return name, candidate
     return None
+
+
+def fixed_plan(program: Program, cm: CostModel, name: str) -> tuple[Layout, Plan]:
+    """The layout of the fixed strategy `name` (`baselines.FIXED`) and its plan file, as
+    `plan_program` would write it without the search's record."""
+    from embarkc.planner import baselines as bl
+
+    layout = bl.build_layout(cm, name)
+    info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
+    return layout, build_plan(program, layout, info, cm.evaluate_layout(layout))
 
 
 def plan_program(

@@ -51,7 +51,7 @@ from typing import Any
 
 from embark_runtime.plan import Plan, PlanError, validate_rules
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span, print_warnings
-from embarkc.ir import Access, Program
+from embarkc.ir import Access, Program, without_spans
 
 __all__ = [
     "Violation",
@@ -227,7 +227,7 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
                     differ(f"feature `{f.name}` {name}", getattr(p, name), getattr(f, name))
     own = plan.model_extra or {}
     if own.get("model") is not None:
-        want = _without_spans(program.model.model_dump(mode="json"))
+        want = without_spans(program.model.model_dump(mode="json"))
         for where, got, spec in _model_differences(want, own["model"], "model"):
             bad(f"{where} is {_text(got)}, the spec says {_text(spec)}")
     if own.get("seed") is not None:
@@ -251,14 +251,6 @@ def _text(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_text(v) for v in value) + "]"
     return format_number(value)
-
-
-def _without_spans(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _without_spans(v) for k, v in x.items() if k != "span"}
-    if isinstance(x, list | tuple):
-        return [_without_spans(v) for v in x]
-    return x
 
 
 def _model_differences(want: Any, got: Any, where: str) -> list[tuple[str, Any, Any]]:
@@ -332,11 +324,10 @@ def estimate_warnings(program: Program, plan: Plan, path: str) -> list[Diagnosti
     computes for the layout and `program`: every rank's memory_bytes (counted from the
     cells) and time, the step time, critical path and components (the cost model). Assumes
     `plan` describes `program` (`validate_plan` found nothing)."""
-    from embarkc.planner import layout_digest
+    from embarkc.planner import layout_is_stale
     from embarkc.planner.cost import CostModel
 
-    recorded = (plan.estimate.model_extra or {}).get("layout_sha256")
-    if recorded is None or recorded != layout_digest(plan):
+    if layout_is_stale(plan) is not False:
         return []
     est = plan.estimate
     used = _memory_used(program, plan)
