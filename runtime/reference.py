@@ -9,6 +9,8 @@ over all its occurrences in the global batch.
 
 `accum=torch.float64` is the exact mode (see embark_runtime.kernels.TorchKernels): sums in
 fp64, gradients rounded to fp32 before the optimizer, as the sharded path does.
+`device` holds the tables and does the arithmetic (a reference on the GPU compares a GPU run
+with the same device's rounding of the dense model).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from embark_runtime.optim import new_state
 from embark_runtime.storage import TORCH_DTYPES
 
 
-def _as_tensor(x, dtype) -> Tensor:
-    return torch.as_tensor(x).to(dtype) if not isinstance(x, Tensor) else x.to(dtype)
+def _as_tensor(x, dtype, device: torch.device) -> Tensor:
+    return (torch.as_tensor(x) if not isinstance(x, Tensor) else x).to(device, dtype)
 
 
 class _RefLookup(torch.autograd.Function):
@@ -40,18 +42,28 @@ class _RefLookup(torch.autograd.Function):
 class ReferenceEmbeddings(torch.nn.Module):
     """forward(global batch sparse) -> {feature: [B, out_dim]}; backward updates in place."""
 
-    def __init__(self, plan, *, seed: int = 0, accum: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        plan,
+        *,
+        seed: int = 0,
+        accum: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
         super().__init__()
         self.plan = plan
         self.accum = accum
+        self.device = torch.device(device)
         self.weights: dict[str, Tensor] = {}
         self.states: dict[str, dict[str, Tensor]] = {}
         for t in plan.tables:
             rows = torch.arange(t.rows, dtype=torch.int64)
             self.weights[t.name] = initial_values(seed, t.name, rows, 0, t.dim, t.init).to(
-                TORCH_DTYPES[t.dtype]
+                self.device, TORCH_DTYPES[t.dtype]
             )
-            self.states[t.name] = new_state(t.optimizer, t.rows, t.dim, t.optimizer_params, "cpu")
+            self.states[t.name] = new_state(
+                t.optimizer, t.rows, t.dim, t.optimizer_params, self.device
+            )
         self._anchor = torch.nn.Parameter(torch.zeros(0))
 
     def table_weights(self, name: str) -> Tensor:
@@ -65,10 +77,11 @@ class ReferenceEmbeddings(torch.nn.Module):
         for f in self.plan.features:
             bag = batch_sparse[f.name]
             w = getattr(bag, "weights", None)
+            dev = self.device
             batch[f.name] = (
-                _as_tensor(bag.ids, torch.int64),
-                _as_tensor(bag.offsets, torch.int64),
-                None if w is None else _as_tensor(w, torch.float32).to(self.accum),
+                _as_tensor(bag.ids, torch.int64, dev),
+                _as_tensor(bag.offsets, torch.int64, dev),
+                None if w is None else _as_tensor(w, torch.float32, dev).to(self.accum),
             )
         outs = _RefLookup.apply(self._anchor, self, batch)
         return {f.name: o for f, o in zip(self.plan.features, outs, strict=True)}
@@ -76,8 +89,9 @@ class ReferenceEmbeddings(torch.nn.Module):
     @staticmethod
     def _where(offsets: Tensor, nnz: int) -> tuple[Tensor, Tensor, Tensor]:
         lengths = offsets[1:] - offsets[:-1]
-        sample = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        pos = torch.arange(nnz) - offsets[sample]
+        dev = offsets.device
+        sample = torch.repeat_interleave(torch.arange(lengths.numel(), device=dev), lengths)
+        pos = torch.arange(nnz, device=dev) - offsets[sample]
         return sample, pos, lengths
 
     def _lookup(self, batch) -> list[Tensor]:
@@ -89,19 +103,26 @@ class ReferenceEmbeddings(torch.nn.Module):
             sample, pos, lengths = self._where(offsets, ids.numel())
             vals = table[ids] if w is None else table[ids] * w[:, None]
             if f.pooling == "concat":
-                out = torch.zeros(b, f.bag_max, dim, dtype=self.accum)
+                out = torch.zeros(b, f.bag_max, dim, dtype=self.accum, device=self.device)
                 out[sample, pos] = vals
                 outs.append(out.reshape(b, f.bag_max * dim))
                 continue
-            out = torch.zeros(b, dim, dtype=self.accum).index_add_(0, sample, vals)
+            out = torch.zeros(b, dim, dtype=self.accum, device=self.device)
+            out.index_add_(0, sample, vals)
             if f.pooling == "mean":
                 out = out / lengths.clamp(min=1)[:, None]
             outs.append(out)
         return outs
 
     def _update(self, batch, grads) -> None:
-        acc = {t.name: torch.zeros(t.rows, t.dim, dtype=self.accum) for t in self.plan.tables}
-        touched = {t.name: torch.zeros(t.rows, dtype=torch.bool) for t in self.plan.tables}
+        dev = self.device
+        acc = {
+            t.name: torch.zeros(t.rows, t.dim, dtype=self.accum, device=dev)
+            for t in self.plan.tables
+        }
+        touched = {
+            t.name: torch.zeros(t.rows, dtype=torch.bool, device=dev) for t in self.plan.tables
+        }
         for f, g in zip(self.plan.features, grads, strict=True):
             ids, offsets, w = batch[f.name]
             dim = self.plan.table(f.table).dim
@@ -111,6 +132,7 @@ class ReferenceEmbeddings(torch.nn.Module):
                     offsets.numel() - 1,
                     dim * (f.bag_max if f.pooling == "concat" else 1),
                     dtype=self.accum,
+                    device=dev,
                 )
             if f.pooling == "concat":
                 per_id = g.reshape(-1, f.bag_max, dim)[sample, pos]

@@ -217,7 +217,12 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p.add_argument(
         "--exact", dest="numerics", action="store_const", const="exact", help="--numerics exact"
     )
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to train, --reference too (auto: CUDA when present)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
@@ -560,12 +565,16 @@ class _Reference:
         from embark_runtime.embedding import ReferenceEmbeddings
 
         self.program, self.plan, self.args = program, plan, args
-        self.device = torch.device("cpu")
+        # the device the sharded run would use, so that a GPU run is compared with the
+        # same device's rounding; exact numerics unless --numerics fp32
+        self.device = _device(args)
         self.data = _Data(program, plan, args)
-        self.exact = _exact(args, self.device)
+        self.exact = args.numerics != "fp32"
         self.dtype = torch.float64 if self.exact else torch.float32
-        self.embeddings = ReferenceEmbeddings(plan, seed=args.seed, accum=self.dtype)
-        self.model = DLRMDense(program.dense, seed=args.seed).to(self.dtype)
+        self.embeddings = ReferenceEmbeddings(
+            plan, seed=args.seed, accum=self.dtype, device=self.device
+        )
+        self.model = DLRMDense(program.dense, seed=args.seed).to(self.device, self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.log = _Log(True, args.steps, args.log_every, args.log_json, args.quiet)
         self.eval_batches = self.data.eval_count(args.eval_batches, self.log)
@@ -579,7 +588,8 @@ class _Reference:
         a = self.args
         self.log.say(
             f"{self.program.name}: reference run, unsharded, one process"
-            f", {'exact (fp64 sums)' if self.exact else 'fp32'}; data {self.data.description}"
+            f", {'exact (fp64 sums)' if self.exact else 'fp32'}, device {self.device}"
+            f"; data {self.data.description}"
         )
         for step in range(a.steps):
             t0 = time.perf_counter()
@@ -626,7 +636,7 @@ class _Reference:
                 # the same samples as the sharded run: every rank's slice, concatenated
                 for rank in range(world):
                     b = self.data.eval_batch(i, rank, world)
-                    scores.append(torch.sigmoid(self._logits(b)).numpy())
+                    scores.append(torch.sigmoid(self._logits(b)).cpu().numpy())
                     labels.append(np.asarray(b.labels))
         if labels:
             _report_eval(self.log, done, np.concatenate(labels), np.concatenate(scores))
