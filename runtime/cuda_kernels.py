@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,6 +39,9 @@ from embark_runtime.kernels import Kernels, OptimizerParamsLike, TorchKernels, b
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "embark-kernels"
+SPLIT_MIN = 32
+"""Occurrences of one row that one thread group sums alone in the backward (beyond, the
+sums take two passes: see CudaKernels._backward_launch)."""
 SHARED_MEMORY_LIMIT = 48 * 1024
 """Dynamic shared memory a kernel may use without opting in (bucketize's counters)."""
 
@@ -84,6 +88,7 @@ class KernelIndex:
             )
         self.arch: str = str(manifest.get("arch", ""))
         self.kernels: list[KernelInfo] = []
+        self._found: dict[tuple[Any, ...], list[KernelInfo]] = {}
         kernels = manifest.get("kernels", [])
         for i, k in enumerate(kernels if isinstance(kernels, list) else [kernels]):
             # a damaged or hand-edited manifest: said, not a crash at the first lookup
@@ -105,11 +110,18 @@ class KernelIndex:
             )
 
     def _match(self, family: str, **want: Any) -> list[KernelInfo]:
-        return [
-            k
-            for k in self.kernels
-            if k.family == family and all(k.get(name) == v for name, v in want.items())
-        ]
+        # memoized: every launch looks its kernel up, and a scan of the manifest costs
+        # tens of microseconds of Python per call
+        key = (family, *sorted(want.items()))
+        found = self._found.get(key)
+        if found is None:
+            found = [
+                k
+                for k in self.kernels
+                if k.family == family and all(k.get(name) == v for name, v in want.items())
+            ]
+            self._found[key] = found
+        return found
 
     def forward(
         self, width: int, dtype: str, pooling: str, weighted: bool, key: str, mean_hotness: float
@@ -183,6 +195,10 @@ class Launcher(Protocol):
     ) -> None: ...
 
 
+_NUMPY_KINDS = {"ptr": np.uint64, "i64": np.int64, "f32": np.float32, "f64": np.float64}
+"""numpy scalar type of each kernel argument kind, as cupy passes them."""
+
+
 class CupyLauncher:
     """NVRTC through cupy; modules cached by the sha256 of their source (and on disk by
     cupy's kernel cache); launches on torch's current stream of `device`."""
@@ -194,17 +210,18 @@ class CupyLauncher:
         self.device = device
         self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, str], Any] = {}
+        self._streams: dict[int, Any] = {}
 
     @property
     def compiled(self) -> int:
         return len(self._modules)
 
     def launch(self, source, entry, grid, block, shared, args) -> None:
-        import numpy as np
-
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        fn = self._functions.get((digest, entry))
+        # keyed by the text itself: a str caches its hash, so a launch does not hash the
+        # source again (CudaKernels reads each file once)
+        fn = self._functions.get((source, entry))
         if fn is None:
+            digest = hashlib.sha256(source.encode()).hexdigest()
             module = self._modules.get(digest)
             if module is None:
                 with self.cupy.cuda.Device(self.device.index):
@@ -213,12 +230,29 @@ class CupyLauncher:
                     module.compile()
                 self._modules[digest] = module
             fn = module.get_function(entry)
-            self._functions[(digest, entry)] = fn
-        conv = {"ptr": np.uint64, "i64": np.int64, "f32": np.float32, "f64": np.float64}
-        packed = tuple(conv[kind](value) for kind, value in args)
-        stream = self.cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
-        with self.cupy.cuda.Device(self.device.index), stream:
+            self._functions[(source, entry)] = fn
+        packed = tuple(_NUMPY_KINDS[kind](value) for kind, value in args)
+        with self.cupy.cuda.Device(self.device.index), self._stream():
             fn((grid,), (block,), packed, shared_mem=shared)
+
+    def _stream(self) -> Any:
+        """cupy's view of torch's current stream, made once per stream (a launch costs
+        microseconds of Python, which count where a sync leaves the GPU waiting)."""
+        current = torch.cuda.current_stream(self.device)
+        stream = self._streams.get(current.cuda_stream)
+        if stream is None:
+            if hasattr(current, "__cuda_stream__") and hasattr(
+                self.cupy.cuda.Stream, "from_external"
+            ):
+                stream = self.cupy.cuda.Stream.from_external(current)
+            else:  # cupy before 14, or a torch without the CUDA stream protocol
+                import warnings
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    stream = self.cupy.cuda.ExternalStream(current.cuda_stream, self.device.index)
+            self._streams[current.cuda_stream] = stream
+        return stream
 
 
 def _cuda_device(device: torch.device | str | int | None) -> torch.device:
@@ -335,15 +369,19 @@ class CudaKernels:
 
     # ------------------------------------------------------------------ plumbing
     def _read(self, rel: str, where: str | None = None) -> str:
+        """The text of a kernel file (read once: every launch asks for its source)."""
         rel = rel.removeprefix("kernels/")
+        text = self._sources.get(rel)
+        if text is not None:
+            return text
         if self._dir is None:
-            if rel not in self._sources:
-                raise CudaUnavailable(f"{where or rel}: missing from the kernel sources")
-            return self._sources[rel]
+            raise CudaUnavailable(f"{where or rel}: missing from the kernel sources")
         try:
-            return (self._dir / rel).read_text()
+            text = (self._dir / rel).read_text()
         except OSError as e:
             raise CudaUnavailable(f"{self._dir / rel}: cannot read ({e.strerror})") from None
+        self._sources[rel] = text
+        return text
 
     def _launch(
         self, info: KernelInfo, entry: str, items: int, args: list[Any], shared: int = 0
@@ -479,20 +517,82 @@ class CudaKernels:
         flat = self.fallback.pooled_forward(weight, rows, ones, per_id_weights, "sum")
         return flat.reshape(bags, -1)
 
-    def _segments(self, rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor]:
-        """(distinct rows ascending, segment bounds [U+1], occurrences sorted by row)."""
-        if rows.numel():
-            lo, hi = torch.aminmax(rows)
-            if int(lo) < 0 or int(hi) >= num_rows:
-                raise IndexError(f"row index outside [0, {num_rows})")
+    def _segments(self, rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor, int]:
+        """(distinct rows ascending, segment bounds [U+1], occurrences sorted by row, the
+        most occurrences of one row)."""
+        bounds = torch.aminmax(rows) if rows.numel() else None
         # a radix sort costs a pass per key byte: sort 32-bit keys when the rows fit
         keys = rows.to(torch.int32) if num_rows <= 2**31 - 1 else rows
         sorted_rows, sorted_occ = torch.sort(keys, stable=True)
         unique, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+        longest = 0
+        if bounds is not None:
+            # read once the unique's own wait for the device is over: one transfer, and
+            # no kernel has used the rows yet
+            lo, hi, longest = torch.stack([*bounds, counts.max().to(rows.dtype)]).tolist()
+            if lo < 0 or hi >= num_rows:
+                raise IndexError(f"row index outside [0, {num_rows})")
         unique = unique.to(rows.dtype)
         seg = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
         torch.cumsum(counts, 0, out=seg[1:])
-        return unique, seg, sorted_occ
+        return unique, seg, sorted_occ, int(longest)
+
+    def _backward_launch(
+        self,
+        info: KernelInfo,
+        grad: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        occ_bag: Tensor,
+        sorted_occ: Tensor,
+        seg: Tensor,
+        longest: int,
+        unique: Tensor,
+        mode: str,
+        tail: list[Any],
+    ) -> None:
+        """Launch the backward `info` (plain or fused) over the distinct rows, with `tail`
+        after its common arguments.
+
+        One group sums all the occurrences of its row, one after the other: a row drawn
+        thousands of times (the head of a skewed table) would hold the whole launch. When
+        some row occurs more than SPLIT_MIN times, the sums take two passes: the plain
+        backward sums chunks of at most `size` occurrences into partial rows, then `info`
+        sums each row's partials (bags of one partial each, weight 1: mean and weights are
+        applied once, in the first pass). size ~ sqrt(longest) bounds both passes' serial
+        work; the summation order is fixed, so the result is deterministic."""
+        num_unique = unique.numel()
+        width = grad.shape[1]
+        weighted = per_id_weights is not None
+        plain = None
+        if longest > SPLIT_MIN and mode != "concat":
+            plain = self.index.backward(width, "fp32", mode, weighted, self._key(unique), "none")
+        if plain is None:
+            args = [grad, offsets, per_id_weights, occ_bag, sorted_occ, seg, unique, num_unique]
+            self._launch(info, info.entries[0], num_unique, [*args, *tail])
+            return
+        dev = grad.device
+        size = max(SPLIT_MIN, math.isqrt(longest - 1) + 1)
+        nnz = sorted_occ.numel()
+        # chunks of every row, at most nnz / size more than the rows: sized without
+        # reading the exact count back (chunks past the last are empty)
+        chunks = num_unique + nnz // size
+        per_row = (seg[1:] - seg[:-1] + size - 1) // size
+        row_end = torch.cumsum(per_row, 0)
+        row_start = row_end - per_row
+        c = torch.arange(chunks, dtype=torch.int64, device=dev)
+        owner = torch.searchsorted(row_end, c, right=True)
+        mine = owner.clamp(max=num_unique - 1)
+        start = seg[mine] + (c - row_start[mine]) * size
+        seg1 = torch.cat([torch.where(owner < num_unique, start, nnz), seg[-1:]])
+        seg2 = torch.cat([row_start, row_end[-1:]])
+        partials = self._alloc(chunks, width, dtype=torch.float32, device=dev)
+        first = [grad, offsets, per_id_weights, occ_bag, sorted_occ, seg1, unique, chunks]
+        self._launch(plain, plain.entries[0], chunks, [*first, partials])
+        one_each = torch.arange(chunks + 1, dtype=torch.int64, device=dev)
+        ones = torch.ones(chunks, dtype=torch.float32, device=dev) if weighted else None
+        second = [partials, one_each, ones, one_each[:-1], one_each[:-1], seg2, unique]
+        self._launch(info, info.entries[0], num_unique, [*second, num_unique, *tail])
 
     def pooled_backward(
         self,
@@ -525,7 +625,7 @@ class CudaKernels:
                 grad_out, rows, offsets, per_id_weights, mode, num_rows
             )
         offsets_c = offsets.contiguous().long()
-        unique, seg, sorted_occ = self._segments(rows.contiguous(), num_rows)
+        unique, seg, sorted_occ, longest = self._segments(rows.contiguous(), num_rows)
         occ_bag = bag_of_ids(offsets_c, rows.numel())
         pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
         row_grads = self._alloc(
@@ -533,11 +633,8 @@ class CudaKernels:
         )
         uniq_k = unique.to(rows.dtype)
         entry = info.entries[0]
-        self._launch(
-            info,
-            entry,
-            unique.numel(),
-            [grad, offsets_c, pw, occ_bag, sorted_occ, seg, uniq_k, unique.numel(), row_grads],
+        self._backward_launch(
+            info, grad, offsets_c, pw, occ_bag, sorted_occ, seg, longest, uniq_k, mode, [row_grads]
         )
         if self._first(entry):
             exp_rows, exp_grads = self.fallback.pooled_backward(
@@ -658,29 +755,15 @@ class CudaKernels:
             self.sparse_update(weight, state, unique, grads, optimizer, params)
             return
         offsets_c = offsets.contiguous().long()
-        unique, seg, sorted_occ = self._segments(rows.contiguous(), weight.shape[0])
+        unique, seg, sorted_occ, longest = self._segments(rows.contiguous(), weight.shape[0])
         occ_bag = bag_of_ids(offsets_c, rows.numel())
         pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
         entry = info.entries[0]
         check = self._first(entry)
         before = self._snapshot(weight, state, unique) if check else None
-        self._launch(
-            info,
-            entry,
-            unique.numel(),
-            [
-                grad,
-                offsets_c,
-                pw,
-                occ_bag,
-                sorted_occ,
-                seg,
-                unique.to(rows.dtype),
-                unique.numel(),
-                weight,
-                *states,
-                *_opt_args(params),
-            ],
+        tail = [weight, *states, *_opt_args(params)]
+        self._backward_launch(
+            info, grad, offsets_c, pw, occ_bag, sorted_occ, seg, longest, unique, mode, tail
         )
         if before is not None:
             _, grads = self.fallback.pooled_backward(

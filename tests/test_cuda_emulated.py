@@ -219,3 +219,57 @@ def test_the_emulation_traps_a_misaligned_vector_access(sources, launcher, tmp_p
 def _sources_for_subprocess() -> dict[str, str]:
     insts = set(_bench().bench_instantiations()) | set(cuda.kernel_instantiations(tiny_plan()))
     return cuda.render_instantiations(sorted(insts), arch="sm_90")
+
+
+def _hot_bags(batch, hot, rows, hot_count, gen):
+    """Bags of `hot` ids where row 7 occurs exactly `hot_count` times, the rest uniform."""
+    ids = torch.randint(8, rows, (batch * hot,), generator=gen)
+    ids[torch.randperm(ids.numel(), generator=gen)[:hot_count]] = 7
+    return ids, torch.arange(0, batch * hot + 1, hot)
+
+
+@pytest.mark.parametrize("config", [c for c in _bench().LOOKUPS if c.pooling != "concat"], ids=repr)
+def test_a_row_drawn_many_times_is_summed_in_two_passes(sources, launcher, config):
+    """A row in more than SPLIT_MIN occurrences: the plain backward sums chunks of them,
+    then the plain or fused kernel sums each row's chunks; both agree with the torch path
+    (verification on: a disagreement raises), for every pooling, weighting and optimizer."""
+    from embark_runtime.cuda_kernels import SPLIT_MIN
+
+    bench = _bench()
+    gen = torch.Generator().manual_seed(config.width)
+    rows, batch = 300, 64
+    ids, offsets = _hot_bags(batch, config.hotness, rows, 3 * SPLIT_MIN + 5, gen)
+    pw = torch.rand(ids.numel(), generator=gen) if config.weighted else None
+    grad = torch.randn(batch, config.width, generator=gen)
+    k = _kernels(sources, launcher, verify=True)
+    unique, row_grads = k.pooled_backward(grad, ids, offsets, pw, config.pooling, rows)
+    u0, g0 = TorchKernels().pooled_backward(grad, ids, offsets, pw, config.pooling, rows)
+    assert torch.equal(unique, u0)
+    assert (row_grads - g0).abs().max() <= 1e-5 * g0.abs().max(), (row_grads - g0).abs().max()
+    plain = next(e for e in k.calls if e.startswith("embark_bwd_none_"))
+    assert k.calls[plain] == 2  # chunks, then each row's chunks
+
+    weight = (torch.randn(rows, config.width, generator=gen) * 0.1).to(bench._dt(config.dtype))
+    state = bench._state(config.optimizer, rows, config.width, "cpu")
+    params = bench._params(config.optimizer)
+    w0, s0 = weight.clone(), {n: v.clone() for n, v in state.items()}
+    k.pooled_backward_update(
+        weight, state, grad, ids, offsets, pw, config.pooling, config.optimizer, params
+    )
+    TorchKernels().sparse_update(w0, s0, u0, g0, config.optimizer, params)
+    assert torch.allclose(weight.float(), w0.float(), rtol=bench.TOL[config.dtype], atol=1e-6)
+    assert k.calls[plain] == 3 and not k.fallbacks
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_two_passes_start_beyond_split_min(sources, launcher, extra):
+    from embark_runtime.cuda_kernels import SPLIT_MIN
+
+    gen = torch.Generator().manual_seed(extra)
+    ids, offsets = _hot_bags(16, 4, 300, SPLIT_MIN + extra, gen)
+    grad = torch.randn(16, 128, generator=gen)
+    k = _kernels(sources, launcher, verify=True)
+    _, row_grads = k.pooled_backward(grad, ids, offsets, None, "sum", 300)
+    _, g0 = TorchKernels().pooled_backward(grad, ids, offsets, None, "sum", 300)
+    assert torch.allclose(row_grads, g0, rtol=1e-5, atol=1e-6)
+    assert k.calls["embark_bwd_none_w128_fp32_sum_unw_h0_int64"] == 1 + extra
