@@ -121,3 +121,27 @@ def test_trainer_check_without_cuda_or_program_says_why(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "embarkc.cli", None)  # embarkc does not import
     with pytest.raises(check.CannotRun, match="bench/gpu/prepare.sh"):
         check.program_dir(tmp_path)
+
+
+def test_the_tune_variants_apply_to_the_templates_and_compile():
+    """The tune section edits the rendered forward and backward: a template change that
+    moves the text it edits fails here, not on a GPU machine's clock."""
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC not installed")
+    from embarkc.codegen.cuda import compile_ptx
+
+    bench = _bench()
+    sources, _ = bench.load_sources()
+    fwd = sources["kernels/fwd_w128_fp32_sum_unw_h4_int64.cu"]
+    bwd = sources["kernels/bwd_none_w128_fp32_sum_unw_h0_int64.cu"]
+    forward = bench.forward_variants(fwd)
+    assert len(set(forward.values())) == 4 and forward["templates"] == fwd
+    for text in forward.values():
+        ptx = compile_ptx(bench._variant(text, UNROLL=8, BLOCK=128))
+        assert "embark_fwd_w128_fp32_sum_unw_h4_int64" in ptx
+    assert "L2::256B" in compile_ptx(forward["nc"])
+    backward = bench.backward_variants(bwd)
+    assert len(set(backward.values())) == 3
+    for text in backward.values():
+        assert "embark_bwd_none_w128" in compile_ptx(bench._variant(text, BLOCK=128))
+    with pytest.raises(ValueError, match="no constant UNROLL"):
+        bench._variant(bwd, UNROLL=2)

@@ -6,10 +6,17 @@
    inputs, every output poisoned with NaN / -7 before the launch;
 2. time: CUDA-event timings at sizes several times the L2 cache (H100 50 MB, H200 60 MB):
    the pooled forward at dim 128 against the measured device-to-device copy bandwidth, and
-   forward + backward (+ fused update) against torch.nn.EmbeddingBag and, where importable,
-   FBGEMM's table-batched embedding;
-3. trainer: bench/gpu/trainer_check.py, the generated train.py of a one-GPU spec on the
-   device (NCCL, the generated kernels, --exact, a resume) against its CPU reference.
+   forward + backward (to row gradients, and with the fused adagrad update) against
+   torch.nn.EmbeddingBag's forward + backward (and + torch.optim.Adagrad), and, where
+   importable, FBGEMM's table-batched embedding; on uniform and skewed ids, each time
+   taken over back-to-back calls (the host's launch work overlaps the device's, as in
+   training);
+3. tune: the pooled forward at dim 128 with other UNROLL / BLOCK constants and with
+   experimental loads, a ceiling for reads of random rows (gathers), the backward kernel
+   unrolled or fed pre-sorted bags, and the parts of a training step timed apart;
+4. trainer: bench/gpu/trainer_check.py, the generated train.py of a one-GPU spec on the
+   device (NCCL, the generated kernels, --exact, a resume) against its reference on the
+   same device (and the exact one on the CPU).
 
 Prints markdown tables (also written to --out). Exit code 0 when every check passes, 1 when
 one fails, 2 without a CUDA device (0 with --allow-no-gpu, after rendering the kernels).
@@ -24,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -228,13 +236,22 @@ TOL = {"fp32": 1e-4, "fp16": 2e-3, "bf16": 1.6e-2}
 
 
 class Report:
-    def __init__(self) -> None:
+    """Markdown lines on stdout and, line by line, in `path` (so that a run cut short by
+    its time limit still leaves what it measured)."""
+
+    def __init__(self, path: Path | None = None) -> None:
         self.lines: list[str] = []
         self.failed = 0
+        self.path = path
+        if path is not None:
+            path.write_text("")
 
     def out(self, line: str = "") -> None:
         print(line, flush=True)
         self.lines.append(line)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
 
     def table(self, header: list[str]) -> None:
         self.out("| " + " | ".join(header) + " |")
@@ -399,30 +416,49 @@ def check_all(rep: Report, cand, ref, device, small: bool) -> None:
 
 
 class Timer:
-    """Median time of fn(*args) in seconds: CUDA events on a GPU, perf_counter on the CPU."""
+    """Seconds per call of fn(*args): the median over `iters` samples of `reps` calls
+    back to back, timed by CUDA events on a GPU (so the host's launch overhead overlaps
+    the device's work, as in a training loop) and by perf_counter on the CPU."""
 
     def __init__(self, device) -> None:
         self.cuda = device.type == "cuda"
 
-    def __call__(self, fn, *args, warmup: int = 3, iters: int = 15) -> float:
+    def __call__(self, fn, *args, warmup: int = 3, iters: int = 7, reps: int = 10) -> float:
         import torch
 
         for _ in range(warmup):
             fn(*args)
+        if self.cuda:
+            torch.cuda.synchronize()
         times = []
         for _ in range(iters):
             if self.cuda:
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                fn(*args)
+                for _ in range(reps):
+                    fn(*args)
                 b.record()
                 b.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
+                times.append(a.elapsed_time(b) / 1e3 / reps)
             else:
                 t = time.perf_counter()
-                fn(*args)
-                times.append(time.perf_counter() - t)
+                for _ in range(reps):
+                    fn(*args)
+                times.append((time.perf_counter() - t) / reps)
         return statistics.median(times)
+
+
+COPY_BYTES = {True: 16 << 20, False: 2 << 30}
+
+
+def copy_bandwidth(timer: Timer, device, small: bool) -> float:
+    """Bytes read + written per second by a device-to-device copy of COPY_BYTES."""
+    import torch
+
+    n = COPY_BYTES[small]
+    src = torch.empty(n // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    return 2 * n / timer(dst.copy_, src)
 
 
 def time_all(rep: Report, cand, ref, device, small: bool) -> None:
@@ -438,13 +474,10 @@ def time_all(rep: Report, cand, ref, device, small: bool) -> None:
             f"Device: {props.name}, L2 {l2 / 2**20:.0f} MiB, {props.total_memory / 2**30:.0f} GiB"
         )
         rep.out()
-    copy_bytes = (16 << 20) if small else (2 << 30)
-    src = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    copy_bw = 2 * copy_bytes / timer(dst.copy_, src)
-    src = dst = None
+    copy_bw = copy_bandwidth(timer, device, small)
     rep.out(
-        f"Device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write of {copy_bytes >> 20} MiB)"
+        f"Device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write of "
+        f"{COPY_BYTES[small] >> 20} MiB)"
     )
     rep.out()
     rep.table(
@@ -461,15 +494,18 @@ def time_all(rep: Report, cand, ref, device, small: bool) -> None:
     # 4M x 128 fp32 = 2 GB of table (plus 2 GB of adagrad state): 30x the L2 of an H200,
     # and the ids are uniform, so every row read comes from HBM
     rows, dim = (20_000, 128) if small else (4_000_000, 128)
-    cases = [(256, 8)] if small else [(65536, 8), (65536, 1), (16384, 64)]
+    cases = (
+        [(256, 8, False)] if small else [(65536, 8, False), (65536, 1, False), (16384, 64, False)]
+    )
+    cases.append((256, 8, True) if small else (65536, 8, True))
     weight = (torch.randn(rows, dim, device=device) * 0.01).float()
     bag = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True, include_last_offset=True)
     bag = bag.to(device)
     with torch.no_grad():
         bag.weight.copy_(weight)
     state = {"sum": torch.zeros(rows, dim, device=device)}
-    for batch, hot in cases:
-        _time_case(rep, timer, cand, bag, weight, state, batch, hot, copy_bw, device)
+    for batch, hot, skewed in cases:
+        _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw, device)
     rep.out()
     rep.out(
         "Bytes of the forward: ids x dim x 4 (rows read) + ids x 8 + offsets + batch x dim x 4 "
@@ -482,17 +518,33 @@ def _speedup(ours: float, theirs: float) -> str:
     return f"{theirs / ours:.2f}x faster" if ours < theirs else f"{ours / theirs:.2f}x slower"
 
 
-def _time_case(rep, timer, cand, bag, weight, state, batch, hot, copy_bw, device) -> None:
+def skewed_ids(n: int, rows: int, device):
+    """n ids where P(id < x) = (x / rows)^(1/3): the hottest row draws (1 / rows)^(1/3)
+    of them (0.6 % of 4M rows), a long tail of rows drawn once."""
+    import torch
+
+    return (torch.rand(n, device=device) ** 3 * rows).long().clamp_(max=rows - 1)
+
+
+def fixed_bags(batch: int, hot: int, rows: int, skewed: bool, device):
+    """(ids, offsets) of `batch` bags of exactly `hot` ids, uniform or skewed_ids."""
+    import torch
+
+    n = batch * hot
+    ids = skewed_ids(n, rows, device) if skewed else torch.randint(0, rows, (n,), device=device)
+    return ids, torch.arange(0, n + 1, hot, device=device)
+
+
+def _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw, device) -> None:
     """The rows of the timing table for one (batch, hotness)."""
     import torch
 
     rows, dim = weight.shape
     params = _params("adagrad")
-    ids = torch.randint(0, rows, (batch * hot,), device=device)
-    offsets = torch.arange(0, batch * hot + 1, hot, device=device)
+    ids, offsets = fixed_bags(batch, hot, rows, skewed, device)
     grad = torch.randn(batch, dim, device=device)
     moved = ids.numel() * dim * 4 + ids.numel() * 8 + offsets.numel() * 8 + batch * dim * 4
-    size, shape = f"{rows} x {dim}", f"{batch} x {hot}"
+    size, shape = f"{rows} x {dim}", f"{batch} x {hot}{', skewed' if skewed else ''}"
 
     def bandwidth(t: float) -> list[str]:
         return [f"{t * 1e3:.3f}", f"{moved / t / 1e9:.0f}", f"{100 * moved / t / copy_bw:.0f}%"]
@@ -513,7 +565,11 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, copy_bw, device
     def train() -> None:
         fused = getattr(cand, "pooled_backward_update", None)
 
-        def ours() -> None:
+        def ours_backward() -> None:
+            cand.pooled_forward(weight, ids, offsets, None, "sum")
+            cand.pooled_backward(grad, ids, offsets, None, "sum", rows)
+
+        def ours_step() -> None:
             cand.pooled_forward(weight, ids, offsets, None, "sum")
             if fused is not None:
                 fused(weight, state, grad, ids, offsets, None, "sum", "adagrad", params)
@@ -521,33 +577,37 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, copy_bw, device
                 u, g = cand.pooled_backward(grad, ids, offsets, None, "sum", rows)
                 cand.sparse_update(weight, state, u, g, "adagrad", params)
 
-        def torch_bag() -> None:
+        def bag_backward() -> None:
             bag.zero_grad(set_to_none=True)
             bag(ids, offsets).backward(grad)
 
-        t_ours, t_bag = timer(ours), timer(torch_bag)
-        rep.row(
-            [
+        opt = torch.optim.Adagrad(bag.parameters(), lr=params.lr, eps=params.eps)
+
+        def bag_step() -> None:
+            opt.zero_grad(set_to_none=True)
+            bag(ids, offsets).backward(grad)
+            opt.step()
+
+        pairs = [
+            (
+                "forward + backward to row gradients (ours)",
+                ours_backward,
+                "EmbeddingBag forward + backward (sparse gradient)",
+                bag_backward,
+            ),
+            (
                 "forward + backward + adagrad (ours, fused)",
-                size,
-                shape,
-                f"{t_ours * 1e3:.3f}",
-                "-",
-                "-",
-                _speedup(t_ours, t_bag),
-            ]
-        )
-        rep.row(
-            [
-                "EmbeddingBag forward + backward (sparse grad, no update)",
-                size,
-                shape,
-                f"{t_bag * 1e3:.3f}",
-                "-",
-                "-",
-                "1.00x",
-            ]
-        )
+                ours_step,
+                "EmbeddingBag + torch.optim.Adagrad (sparse)",
+                bag_step,
+            ),
+        ]
+        for ours_name, ours, theirs_name, theirs in pairs:
+            t_ours, t_bag = timer(ours), timer(theirs)
+            rep.row(
+                [ours_name, size, shape, f"{t_ours * 1e3:.3f}", "-", "-", _speedup(t_ours, t_bag)]
+            )
+            rep.row([theirs_name, size, shape, f"{t_bag * 1e3:.3f}", "-", "-", "1.00x"])
 
     def fbgemm() -> None:
         try:
@@ -588,6 +648,350 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, copy_bw, device
         guarded("forward + backward", train)
     if device.type == "cuda":
         guarded("FBGEMM TBE", fbgemm)
+
+
+# ----------------------------------------------------------------------------- tune
+
+TUNE_UNROLL = (1, 2, 4, 8)
+TUNE_BLOCK = (128, 256)
+
+
+def _variant(source: str, **constants: int) -> str:
+    """The kernel source with some `constexpr int NAME = N;` constants changed."""
+    for name, value in constants.items():
+        source, n = re.subn(
+            rf"constexpr int {name} = \d+;", f"constexpr int {name} = {value};", source, count=1
+        )
+        if n != 1:
+            raise ValueError(f"no constant {name} in the kernel source")
+    return source
+
+
+_PLAIN_LOAD = "  pk.raw = *reinterpret_cast<const cfg::raw_t*>(p);\n"
+_NC_LOAD = """  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(pk.raw.x), "=r"(pk.raw.y), "=r"(pk.raw.z), "=r"(pk.raw.w) : "l"(p));
+"""
+_IDS_ONE_BY_ONE = """  for (i64 i = start; i < end; i += cfg::UNROLL) {
+    i64 row[cfg::UNROLL];
+    float scale[cfg::UNROLL];
+#pragma unroll
+    for (int u = 0; u < cfg::UNROLL; ++u) {
+      const bool present = i + u < end;
+      row[u] = present ? (i64)rows[i + u] : -1;
+      scale[u] = 1.0f;
+    }
+"""
+_IDS_BY_THE_WARP = """  for (i64 base = start; base < end; base += 32) {
+    const i64 mine = base + lane;
+    const i64 my_row = mine < end ? (i64)rows[mine] : -1;
+    const int n = end - base < 32 ? (int)(end - base) : 32;
+    for (int j = 0; j < n; j += cfg::UNROLL) {
+    i64 row[cfg::UNROLL];
+    float scale[cfg::UNROLL];
+#pragma unroll
+    for (int u = 0; u < cfg::UNROLL; ++u) {
+      const i64 r = __shfl_sync(0xffffffffu, my_row, (j + u) & 31);
+      row[u] = j + u < n ? r : -1;
+      scale[u] = 1.0f;
+    }
+"""
+_LOOP_END = """      }
+  }
+#pragma unroll
+  for (int c = 0; c < cfg::CHUNKS; ++c) {
+    const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+    if (col < cfg::WIDTH) store_f32("""
+
+
+def _edit(source: str, old: str, new: str) -> str:
+    if source.count(old) != 1:
+        raise ValueError("the kernel source does not have the text this variant replaces")
+    return source.replace(old, new)
+
+
+def forward_variants(source: str) -> dict[str, str]:
+    """Experimental sources of the w128 fp32 sum forward (one warp per bag): `nc` loads
+    rows with ld.global.nc, no L1 allocation and a 256-byte L2 prefetch; `warp-ids` has
+    the 32 lanes fetch 32 ids at once and shuffle them out, instead of every lane fetching
+    every id (one dependent load per UNROLL ids instead of one per id); both."""
+    nc = _edit(source, _PLAIN_LOAD, _NC_LOAD)
+    end = _LOOP_END.replace("      }\n  }\n", "      }\n    }\n  }\n", 1)
+
+    def warp(src: str) -> str:
+        return _edit(_edit(src, _IDS_ONE_BY_ONE, _IDS_BY_THE_WARP), _LOOP_END, end)
+
+    return {"templates": source, "nc": nc, "warp-ids": warp(source), "warp-ids + nc": warp(nc)}
+
+
+_SEGMENT_LOOP = """  for (i64 k = seg[u]; k < seg_end; ++k) {
+    const i64 occ = sorted_occ[k];
+    const i64 bag = occ_bag[occ];
+    float scale = 1.0f;
+    const float* src = grad_out + bag * cfg::OUT_WIDTH;
+#pragma unroll
+    for (int c = 0; c < cfg::CHUNKS; ++c) {
+      const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+      if (col < cfg::WIDTH) {
+        float v[cfg::VEC];
+        load_f32(src + col, v);
+#pragma unroll
+        for (int e = 0; e < cfg::VEC; ++e) g[c][e] += scale * v[e];
+      }
+    }
+  }
+"""
+_SEGMENT_LOOP_UNROLLED = """  for (i64 k0 = seg[u]; k0 < seg_end; k0 += @N@) {
+    i64 bagq[@N@];
+#pragma unroll
+    for (int q = 0; q < @N@; ++q) bagq[q] = k0 + q < seg_end ? occ_bag[sorted_occ[k0 + q]] : -1;
+    float v[@N@][cfg::CHUNKS][cfg::VEC];
+#pragma unroll
+    for (int q = 0; q < @N@; ++q)
+#pragma unroll
+      for (int c = 0; c < cfg::CHUNKS; ++c) {
+        const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+        if (bagq[q] >= 0 && col < cfg::WIDTH)
+          load_f32(grad_out + bagq[q] * cfg::OUT_WIDTH + col, v[q][c]);
+      }
+#pragma unroll
+    for (int q = 0; q < @N@; ++q)
+#pragma unroll
+      for (int c = 0; c < cfg::CHUNKS; ++c) {
+        const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+        if (bagq[q] >= 0 && col < cfg::WIDTH)
+#pragma unroll
+          for (int e = 0; e < cfg::VEC; ++e) g[c][e] += v[q][c][e];
+      }
+  }
+"""
+
+
+def backward_variants(source: str) -> dict[str, str]:
+    """Experimental sources of the w128 fp32 sum unweighted backward: the segment's
+    occurrences N at a time with their gradient rows loaded together (same summation
+    order as the templates)."""
+    out = {"templates": source}
+    for n in (4, 8):
+        out[f"unrolled {n}"] = _edit(
+            source, _SEGMENT_LOOP, _SEGMENT_LOOP_UNROLLED.replace("@N@", str(n))
+        )
+    return out
+
+
+def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> None:
+    """The row-gradient backward kernel alone (segments made beforehand), as the templates
+    write it and unrolled; each with the bag of every occurrence looked up through the
+    occurrence (as the runtime passes it) or gathered into sorted order beforehand."""
+    import torch
+
+    from embark_runtime.kernels import bag_of_ids
+
+    rows, dim = (20_000, 128) if small else (4_000_000, 128)
+    cases = [(256, 8, False), (256, 8, True)] if small else [(65536, 8, False), (65536, 8, True)]
+    info = cand.index.backward(dim, "fp32", "sum", False, "int64", "none")
+    source, entry = cand._read(info.file), info.entries[0]
+    group = int(info.get("group"))
+    variants = backward_variants(source)
+    rep.out(f"Kernel {info.name}: the segments' time is apart, above")
+    rep.out()
+    rep.table(["batch x hotness", "variant", "bags", "time (ms)", "check"])
+    for batch, hot, skewed in cases:
+        ids, offsets = fixed_bags(batch, hot, rows, skewed, device)
+        grad = torch.randn(batch, dim, device=device)
+        unique, seg, sorted_occ, _ = cand._segments(ids, rows)
+        occ_bag = bag_of_ids(offsets, ids.numel())
+        sorted_bag = occ_bag[sorted_occ]
+        identity = torch.arange(ids.numel(), device=device)
+        _, want = ref.pooled_backward(grad, ids, offsets, None, "sum", rows)
+        longest = int((seg[1:] - seg[:-1]).max())
+        shape = f"{batch} x {hot}" + (f", skewed (longest segment {longest})" if skewed else "")
+        for name, src in variants.items():
+            for bags, (a, b) in (
+                ("through the occurrence", (occ_bag, sorted_occ)),
+                ("pre-sorted", (sorted_bag, identity)),
+            ):
+                try:
+                    out = torch.full((unique.numel(), dim), float("nan"), device=device)
+                    args = [
+                        ("ptr", grad.data_ptr()),
+                        ("ptr", offsets.data_ptr()),
+                        ("ptr", 0),
+                        ("ptr", a.data_ptr()),
+                        ("ptr", b.data_ptr()),
+                        ("ptr", seg.data_ptr()),
+                        ("ptr", unique.data_ptr()),
+                        ("i64", unique.numel()),
+                        ("ptr", out.data_ptr()),
+                    ]
+                    blocks = -(-unique.numel() * group // int(info.get("block")))
+
+                    def go(src=src, blocks=blocks, args=args) -> None:
+                        cand.launcher.launch(src, entry, blocks, int(info.get("block")), 0, args)
+
+                    go()
+                    err = _err(out, want)
+                    t = timer(go)
+                    ok = err <= TOL["fp32"]
+                    rep.failed += 0 if ok else 1
+                    rep.row(
+                        [shape, name, bags, f"{t * 1e3:.4f}", "ok" if ok else f"FAIL ({err:.2e})"]
+                    )
+                except Exception as e:
+                    rep.failed += 1
+                    rep.row([shape, name, bags, "-", f"ERROR {e!s:.120}"])
+                    traceback.print_exc(file=sys.stderr)
+    rep.out()
+
+
+def tune_section(rep: Report, cand, ref, device, small: bool) -> None:
+    """The pooled forward at dim 128 with other row loads in flight (UNROLL) and block
+    sizes than the templates choose, and the parts of a training step timed apart: what
+    a change of the templates would buy, measured before it is made."""
+    import torch
+
+    rep.out("## Tuning: forward variants and the parts of a training step")
+    rep.out()
+    launcher = getattr(cand, "launcher", None)
+    if launcher is None:
+        rep.out("(needs the generated kernels: not run on the torch path)")
+        rep.out()
+        return
+    timer = Timer(device)
+    copy_bw = copy_bandwidth(timer, device, small)
+    rows, dim = (20_000, 128) if small else (4_000_000, 128)
+    cases = [(256, 8)] if small else [(65536, 8), (65536, 1), (16384, 64)]
+    weight = (torch.randn(rows, dim, device=device) * 0.01).float()
+    info = cand.index.forward(dim, "fp32", "sum", False, "int64", 8)
+    source, entry = cand._read(info.file), info.entries[0]
+    group = int(info.get("group"))
+    rep.out(
+        f"Kernel {info.name} (templates: UNROLL {info.get('hotness')}, BLOCK {info.get('block')})"
+    )
+    rep.out()
+    variants = forward_variants(source)
+    grid = [("templates", u, b) for u in TUNE_UNROLL for b in TUNE_BLOCK]
+    grid += [(v, u, 256) for v in list(variants)[1:] for u in (2, 4, 8)]
+    rep.table(
+        ["batch x hotness", "variant", "UNROLL", "BLOCK", "time (ms)", "GB/s", "% of copy", "check"]
+    )
+    for batch, hot in cases:
+        ids, offsets = fixed_bags(batch, hot, rows, False, device)
+        want = ref.pooled_forward(weight, ids, offsets, None, "sum")
+        moved = ids.numel() * dim * 4 + ids.numel() * 8 + offsets.numel() * 8 + batch * dim * 4
+        best = None
+        for gather in ("torch index_select", "ours (pack gather)"):
+            # a ceiling for reads of random rows: gather them into a dense buffer
+            fn = (
+                (lambda ids=ids: torch.index_select(weight, 0, ids))
+                if gather.startswith("torch")
+                else (lambda ids=ids: cand.gather_rows(weight, ids))
+            )
+            try:
+                t = timer(fn)
+                g_moved = 2 * ids.numel() * dim * 4 + ids.numel() * 8
+                rep.row(
+                    [
+                        f"{batch} x {hot}",
+                        f"gather of the rows, {gather}",
+                        "-",
+                        "-",
+                        f"{t * 1e3:.4f}",
+                        f"{g_moved / t / 1e9:.0f}",
+                        f"{100 * g_moved / t / copy_bw:.0f}%",
+                        "",
+                    ]
+                )
+            except Exception as e:
+                rep.failed += 1
+                rep.row([f"{batch} x {hot}", gather, "-", "-", "-", "-", "-", f"ERROR {e!s:.120}"])
+        for name, unroll, block in grid:
+            try:
+                src = _variant(variants[name], UNROLL=unroll, BLOCK=block)
+                out = torch.full((batch, dim), float("nan"), device=device)
+                args = [
+                    ("ptr", weight.data_ptr()),
+                    ("ptr", ids.data_ptr()),
+                    ("ptr", offsets.data_ptr()),
+                    ("ptr", 0),
+                    ("ptr", out.data_ptr()),
+                    ("i64", batch),
+                ]
+                blocks = -(-batch * group // block)
+
+                def go(src=src, blocks=blocks, block=block, args=args) -> None:
+                    launcher.launch(src, entry, blocks, block, 0, args)
+
+                go()
+                err = _err(out, want)
+                t = timer(go)
+                ok = err <= TOL["fp32"]
+                if not ok:
+                    rep.failed += 1
+                if ok and (best is None or t < best[0]):
+                    best = (t, f"{name}, UNROLL {unroll}, BLOCK {block}")
+                rep.row(
+                    [
+                        f"{batch} x {hot}",
+                        name,
+                        unroll,
+                        block,
+                        f"{t * 1e3:.4f}",
+                        f"{moved / t / 1e9:.0f}",
+                        f"{100 * moved / t / copy_bw:.0f}%",
+                        "ok" if ok else f"FAIL ({err:.2e})",
+                    ]
+                )
+            except Exception as e:  # one variant failing must not hide the others
+                rep.failed += 1
+                rep.row(
+                    [f"{batch} x {hot}", name, unroll, block, "-", "-", "-", f"ERROR {e!s:.120}"]
+                )
+                traceback.print_exc(file=sys.stderr)
+        if best is not None:
+            rep.out(
+                f"| best for {batch} x {hot} | {best[1]} | | | {best[0] * 1e3:.4f} | "
+                f"{moved / best[0] / 1e9:.0f} | {100 * moved / best[0] / copy_bw:.0f}% | |"
+            )
+    rep.out()
+    tune_backward(rep, cand, ref, device, small, timer)
+    # the parts of the training step that time_all measures as a whole
+    batch, hot = cases[0]
+    rep.table([f"part of a training step ({rows} x {dim}, {batch} x {hot})", "time (ms)"])
+    ids, offsets = fixed_bags(batch, hot, rows, False, device)
+    grad = torch.randn(batch, dim, device=device)
+    state = {"sum": torch.zeros(rows, dim, device=device)}
+    params = _params("adagrad")
+    bag = torch.nn.EmbeddingBag(rows, dim, mode="sum", sparse=True, include_last_offset=True)
+    bag = bag.to(device)
+
+    def bag_backward() -> None:
+        bag.zero_grad(set_to_none=True)
+        out.backward(grad, retain_graph=True)
+
+    out = bag(ids, offsets)
+    parts = [
+        ("ours: forward", lambda: cand.pooled_forward(weight, ids, offsets, None, "sum")),
+        (
+            "ours: sort into segments (torch.sort + unique_consecutive)",
+            lambda: cand._segments(ids, rows),
+        ),
+        (
+            "ours: segments + fused backward/adagrad kernel",
+            lambda: cand.pooled_backward_update(
+                weight, state, grad, ids, offsets, None, "sum", "adagrad", params
+            ),
+        ),
+        ("EmbeddingBag: forward", lambda: bag(ids, offsets)),
+        ("EmbeddingBag: backward (sparse)", bag_backward),
+    ]
+    for name, fn in parts:
+        try:
+            rep.row([name, f"{timer(fn) * 1e3:.4f}"])
+        except Exception as e:
+            rep.failed += 1
+            rep.row([name, f"ERROR {e!s:.120}"])
+            traceback.print_exc(file=sys.stderr)
+    rep.out()
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -640,7 +1044,9 @@ def main(argv: list[str] | None = None) -> int:
         help="run the harness on the CPU with the torch path (tests only)",
     )
     ap.add_argument(
-        "--sections", default="check,time,trainer", help="comma-separated: check,time,trainer"
+        "--sections",
+        default="check,time,tune,trainer",
+        help="comma-separated: check,time,tune,trainer",
     )
     ap.add_argument("--out", type=Path, help="also write the markdown report here")
     ap.add_argument(
@@ -661,7 +1067,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sources, origin = load_sources()
     kernels_in = json.loads(sources["kernels/manifest.json"])["kernels"]
-    rep = Report()
+    rep = Report(args.out)
     rep.out("# embarkc generated CUDA kernels: GPU check and benchmark")
     rep.out()
     rep.out(f"{len(kernels_in)} kernel instantiations ({origin}); torch {torch.__version__}")
@@ -703,6 +1109,10 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(cand, "poison"):
             cand.poison = False  # timings without the NaN fills
         time_all(rep, cand, ref, device, small)
+    if "tune" in sections:
+        if hasattr(cand, "poison"):
+            cand.poison = False
+        tune_section(rep, cand, ref, device, small)
     if "trainer" in sections:
         trainer_section(rep, "cpu" if args.self_test_cpu else "cuda")
     fallbacks = getattr(cand, "fallbacks", {})
@@ -716,8 +1126,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{'FAILED: ' + str(rep.failed) + ' checks' if rep.failed else 'all checks passed'}; "
         f"{time.time() - started:.0f} s"
     )
-    if args.out:
-        args.out.write_text("\n".join(rep.lines) + "\n")
     return 1 if rep.failed else 0
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU check and benchmark of embarkc's generated CUDA kernels: every kernel family against
 # the torch path on random data, then bandwidth and speed against torch.nn.EmbeddingBag
-# (and FBGEMM's TBE where installed), then the generated trainer of a one-GPU spec against
-# its CPU reference (bench/gpu/trainer_check.py). Needs a CUDA GPU with torch and cupy
+# (and FBGEMM's TBE where installed), kernel variants (tune), then the generated trainer of
+# a one-GPU spec against its reference (bench/gpu/trainer_check.py). Needs a CUDA GPU with torch and cupy
 # (cupy-cuda12x or cupy-cuda13x); no network, no install of this repository (it runs from
 # the checkout). For the trainer section, run bench/gpu/prepare.sh first where embarkc is
 # installed and carry .whl and bench/gpu/.build to the GPU machine.
 #
-#   bench/gpu/run.sh                      # check + time + trainer, markdown on stdout
+#   bench/gpu/run.sh                      # check + time + tune + trainer, markdown on stdout
 #   bench/gpu/run.sh --out bench/gpu/last_run.md
 #   bench/gpu/run.sh --sections check     # correctness only
 #   bench/gpu/run.sh --allow-no-gpu       # exits 0 on a machine without a GPU
