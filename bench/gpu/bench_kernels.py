@@ -766,21 +766,98 @@ _SEGMENT_LOOP_UNROLLED = """  for (i64 k0 = seg[u]; k0 < seg_end; k0 += @N@) {
 """
 
 
-def backward_variants(source: str) -> dict[str, str]:
-    """Experimental sources of the w128 fp32 sum unweighted backward: the segment's
-    occurrences N at a time with their gradient rows loaded together (same summation
-    order as the templates)."""
-    out = {"templates": source}
+_ROWS_PER_GROUP_BODY = """(
+    const float* __restrict__ grad_out, const i64* __restrict__ offsets,
+    const float* __restrict__ per_id_weights, const i64* __restrict__ occ_bag,
+    const i64* __restrict__ sorted_occ, const i64* __restrict__ seg,
+    const cfg::key_t* __restrict__ unique_rows, i64 num_unique,
+    float* __restrict__ row_grads) {
+  // @R@ distinct rows a group, their occurrences walked side by side: @R@ chains of
+  // dependent loads in flight per lane instead of one
+  const i64 gid = (i64)blockIdx.x * cfg::BLOCK + threadIdx.x;
+  const i64 u0 = gid / cfg::GROUP * @R@;
+  const int lane = (int)(gid % cfg::GROUP);
+  if (u0 >= num_unique) return;
+  float g[@R@][cfg::CHUNKS][cfg::VEC];
+  i64 k[@R@], end[@R@];
+#pragma unroll
+  for (int r = 0; r < @R@; ++r) {
+    const bool here = u0 + r < num_unique;
+    k[r] = here ? seg[u0 + r] : 0;
+    end[r] = here ? seg[u0 + r + 1] : 0;
+#pragma unroll
+    for (int c = 0; c < cfg::CHUNKS; ++c)
+#pragma unroll
+      for (int e = 0; e < cfg::VEC; ++e) g[r][c][e] = 0.0f;
+  }
+  bool more = true;
+  while (more) {
+    more = false;
+    i64 bag[@R@];
+#pragma unroll
+    for (int r = 0; r < @R@; ++r) bag[r] = k[r] < end[r] ? occ_bag[sorted_occ[k[r]]] : -1;
+    float v[@R@][cfg::CHUNKS][cfg::VEC];
+#pragma unroll
+    for (int r = 0; r < @R@; ++r)
+#pragma unroll
+      for (int c = 0; c < cfg::CHUNKS; ++c) {
+        const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+        if (bag[r] >= 0 && col < cfg::WIDTH)
+          load_f32(grad_out + bag[r] * cfg::OUT_WIDTH + col, v[r][c]);
+      }
+#pragma unroll
+    for (int r = 0; r < @R@; ++r) {
+      if (bag[r] < 0) continue;
+#pragma unroll
+      for (int c = 0; c < cfg::CHUNKS; ++c) {
+        const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+        if (col < cfg::WIDTH)
+#pragma unroll
+          for (int e = 0; e < cfg::VEC; ++e) g[r][c][e] += v[r][c][e];
+      }
+      ++k[r];
+      more = more || k[r] < end[r];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < @R@; ++r)
+#pragma unroll
+    for (int c = 0; c < cfg::CHUNKS; ++c) {
+      const int col = (lane + c * cfg::GROUP) * cfg::VEC;
+      if (u0 + r < num_unique && col < cfg::WIDTH)
+        store_f32(row_grads + (u0 + r) * cfg::WIDTH + col, g[r][c]);
+    }
+}
+"""
+
+
+def _rows_per_group(source: str, rows: int) -> str:
+    """The plain backward with `rows` distinct rows a thread group (see the body)."""
+    m = re.compile(r"(embark_\w+)\(").search(source, source.find('extern "C"'))
+    if 'extern "C"' not in source or m is None:
+        raise ValueError("the kernel source has no entry point to replace")
+    return source[: m.end(1)] + _ROWS_PER_GROUP_BODY.replace("@R@", str(rows))
+
+
+def backward_variants(source: str) -> dict[str, tuple[str, int]]:
+    """Experimental sources of the w128 fp32 sum unweighted backward, each with the
+    distinct rows one thread group takes: the segment's occurrences N at a time with
+    their gradient rows loaded together, or R rows a group walked side by side (both
+    keep the templates' summation order)."""
+    out = {"templates": (source, 1)}
     for n in (4, 8):
-        out[f"unrolled {n}"] = _edit(
-            source, _SEGMENT_LOOP, _SEGMENT_LOOP_UNROLLED.replace("@N@", str(n))
+        out[f"unrolled {n}"] = (
+            _edit(source, _SEGMENT_LOOP, _SEGMENT_LOOP_UNROLLED.replace("@N@", str(n))),
+            1,
         )
+    for r in (2, 4):
+        out[f"{r} rows a group"] = (_rows_per_group(source, r), r)
     return out
 
 
 def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> None:
     """The row-gradient backward kernel alone (segments made beforehand), as the templates
-    write it and unrolled; each with the bag of every occurrence looked up through the
+    write it, unrolled, or with several rows a group; each with the bag of every occurrence looked up through the
     occurrence (as the runtime passes it) or gathered into sorted order beforehand."""
     import torch
 
@@ -805,7 +882,7 @@ def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> 
         _, want = ref.pooled_backward(grad, ids, offsets, None, "sum", rows)
         longest = int((seg[1:] - seg[:-1]).max())
         shape = f"{batch} x {hot}" + (f", skewed (longest segment {longest})" if skewed else "")
-        for name, src in variants.items():
+        for name, (src, per_group) in variants.items():
             for bags, (a, b) in (
                 ("through the occurrence", (occ_bag, sorted_occ)),
                 ("pre-sorted", (sorted_bag, identity)),
@@ -823,7 +900,8 @@ def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> 
                         ("i64", unique.numel()),
                         ("ptr", out.data_ptr()),
                     ]
-                    blocks = -(-unique.numel() * group // int(info.get("block")))
+                    groups = -(-unique.numel() // per_group)
+                    blocks = -(-groups * group // int(info.get("block")))
 
                     def go(src=src, blocks=blocks, args=args) -> None:
                         cand.launcher.launch(src, entry, blocks, int(info.get("block")), 0, args)
