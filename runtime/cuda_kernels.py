@@ -631,10 +631,9 @@ class CudaKernels:
         row_grads = self._alloc(
             unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
         )
-        uniq_k = unique.to(rows.dtype)
         entry = info.entries[0]
         self._backward_launch(
-            info, grad, offsets_c, pw, occ_bag, sorted_occ, seg, longest, uniq_k, mode, [row_grads]
+            info, grad, offsets_c, pw, occ_bag, sorted_occ, seg, longest, unique, mode, [row_grads]
         )
         if self._first(entry):
             exp_rows, exp_grads = self.fallback.pooled_backward(

@@ -451,6 +451,17 @@ class Timer:
 COPY_BYTES = {True: 16 << 20, False: 2 << 30}
 
 
+def table_shape(small: bool) -> tuple[int, int]:
+    """(rows, dim) of the timed table: 4M x 128 fp32 = 2 GB, 33x the L2 of an H200."""
+    return (20_000, 128) if small else (4_000_000, 128)
+
+
+def forward_bytes(ids, offsets, dim: int) -> int:
+    """Bytes a pooled forward moves: rows read, ids, offsets, fp32 output."""
+    batch = offsets.numel() - 1
+    return ids.numel() * dim * 4 + ids.numel() * 8 + offsets.numel() * 8 + batch * dim * 4
+
+
 def copy_bandwidth(timer: Timer, device, small: bool) -> float:
     """Bytes read + written per second by a device-to-device copy of COPY_BYTES."""
     import torch
@@ -491,9 +502,8 @@ def time_all(rep: Report, cand, ref, device, small: bool) -> None:
             "vs EmbeddingBag",
         ]
     )
-    # 4M x 128 fp32 = 2 GB of table (plus 2 GB of adagrad state): 30x the L2 of an H200,
-    # and the ids are uniform, so every row read comes from HBM
-    rows, dim = (20_000, 128) if small else (4_000_000, 128)
+    # plus 2 GB of adagrad state; uniform ids read every row from HBM
+    rows, dim = table_shape(small)
     cases = (
         [(256, 8, False)] if small else [(65536, 8, False), (65536, 1, False), (16384, 64, False)]
     )
@@ -543,7 +553,7 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw
     params = _params("adagrad")
     ids, offsets = fixed_bags(batch, hot, rows, skewed, device)
     grad = torch.randn(batch, dim, device=device)
-    moved = ids.numel() * dim * 4 + ids.numel() * 8 + offsets.numel() * 8 + batch * dim * 4
+    moved = forward_bytes(ids, offsets, dim)
     size, shape = f"{rows} x {dim}", f"{batch} x {hot}{', skewed' if skewed else ''}"
 
     def bandwidth(t: float) -> list[str]:
@@ -855,15 +865,27 @@ def backward_variants(source: str) -> dict[str, tuple[str, int]]:
     return out
 
 
+def _check_and_time(rep: Report, timer: Timer, go, out, want) -> tuple[float, str, bool]:
+    """Launch a variant once into `out` (poisoned by the caller), compare with `want`,
+    then time it: (seconds a call, the check's cell, whether it passed; a failure is
+    counted)."""
+    go()
+    err = _err(out, want)
+    ok = err <= TOL["fp32"]
+    rep.failed += 0 if ok else 1
+    return timer(go), "ok" if ok else f"FAIL ({err:.2e})", ok
+
+
 def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> None:
     """The row-gradient backward kernel alone (segments made beforehand), as the templates
-    write it, unrolled, or with several rows a group; each with the bag of every occurrence looked up through the
-    occurrence (as the runtime passes it) or gathered into sorted order beforehand."""
+    write it, unrolled, or with several rows a group; each with the bag of every
+    occurrence looked up through the occurrence (as the runtime passes it) or gathered
+    into sorted order beforehand."""
     import torch
 
     from embark_runtime.kernels import bag_of_ids
 
-    rows, dim = (20_000, 128) if small else (4_000_000, 128)
+    rows, dim = table_shape(small)
     cases = [(256, 8, False), (256, 8, True)] if small else [(65536, 8, False), (65536, 8, True)]
     info = cand.index.backward(dim, "fp32", "sum", False, "int64", "none")
     source, entry = cand._read(info.file), info.entries[0]
@@ -875,12 +897,11 @@ def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> 
     for batch, hot, skewed in cases:
         ids, offsets = fixed_bags(batch, hot, rows, skewed, device)
         grad = torch.randn(batch, dim, device=device)
-        unique, seg, sorted_occ, _ = cand._segments(ids, rows)
+        unique, seg, sorted_occ, longest = cand._segments(ids, rows)
         occ_bag = bag_of_ids(offsets, ids.numel())
         sorted_bag = occ_bag[sorted_occ]
         identity = torch.arange(ids.numel(), device=device)
         _, want = ref.pooled_backward(grad, ids, offsets, None, "sum", rows)
-        longest = int((seg[1:] - seg[:-1]).max())
         shape = f"{batch} x {hot}" + (f", skewed (longest segment {longest})" if skewed else "")
         for name, (src, per_group) in variants.items():
             for bags, (a, b) in (
@@ -906,14 +927,8 @@ def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> 
                     def go(src=src, blocks=blocks, args=args) -> None:
                         cand.launcher.launch(src, entry, blocks, int(info.get("block")), 0, args)
 
-                    go()
-                    err = _err(out, want)
-                    t = timer(go)
-                    ok = err <= TOL["fp32"]
-                    rep.failed += 0 if ok else 1
-                    rep.row(
-                        [shape, name, bags, f"{t * 1e3:.4f}", "ok" if ok else f"FAIL ({err:.2e})"]
-                    )
+                    t, check, _ = _check_and_time(rep, timer, go, out, want)
+                    rep.row([shape, name, bags, f"{t * 1e3:.4f}", check])
                 except Exception as e:
                     rep.failed += 1
                     rep.row([shape, name, bags, "-", f"ERROR {e!s:.120}"])
@@ -936,7 +951,7 @@ def tune_section(rep: Report, cand, ref, device, small: bool) -> None:
         return
     timer = Timer(device)
     copy_bw = copy_bandwidth(timer, device, small)
-    rows, dim = (20_000, 128) if small else (4_000_000, 128)
+    rows, dim = table_shape(small)
     cases = [(256, 8)] if small else [(65536, 8), (65536, 1), (16384, 64)]
     weight = (torch.randn(rows, dim, device=device) * 0.01).float()
     info = cand.index.forward(dim, "fp32", "sum", False, "int64", 8)
@@ -955,7 +970,7 @@ def tune_section(rep: Report, cand, ref, device, small: bool) -> None:
     for batch, hot in cases:
         ids, offsets = fixed_bags(batch, hot, rows, False, device)
         want = ref.pooled_forward(weight, ids, offsets, None, "sum")
-        moved = ids.numel() * dim * 4 + ids.numel() * 8 + offsets.numel() * 8 + batch * dim * 4
+        moved = forward_bytes(ids, offsets, dim)
         best = None
         for gather in ("torch index_select", "ours (pack gather)"):
             # a ceiling for reads of random rows: gather them into a dense buffer
@@ -999,12 +1014,7 @@ def tune_section(rep: Report, cand, ref, device, small: bool) -> None:
                 def go(src=src, blocks=blocks, block=block, args=args) -> None:
                     launcher.launch(src, entry, blocks, block, 0, args)
 
-                go()
-                err = _err(out, want)
-                t = timer(go)
-                ok = err <= TOL["fp32"]
-                if not ok:
-                    rep.failed += 1
+                t, check, ok = _check_and_time(rep, timer, go, out, want)
                 if ok and (best is None or t < best[0]):
                     best = (t, f"{name}, UNROLL {unroll}, BLOCK {block}")
                 rep.row(
@@ -1016,7 +1026,7 @@ def tune_section(rep: Report, cand, ref, device, small: bool) -> None:
                         f"{t * 1e3:.4f}",
                         f"{moved / t / 1e9:.0f}",
                         f"{100 * moved / t / copy_bw:.0f}%",
-                        "ok" if ok else f"FAIL ({err:.2e})",
+                        check,
                     ]
                 )
             except Exception as e:  # one variant failing must not hide the others

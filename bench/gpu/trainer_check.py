@@ -95,6 +95,11 @@ def tables(path: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
+def loss_diff(a: list[float], b: list[float]) -> float:
+    """The largest difference of two runs' losses, step by step."""
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
 def max_diff(a: Path, b: Path) -> float:
     ta, tb = tables(a), tables(b)
     if sorted(ta) != sorted(tb):
@@ -140,7 +145,7 @@ class Checker:
         d = max_diff(npz_x, npz_r)
         self.check("exact: the reference's tables", d <= 1e-7, f"max difference {d:.3g}")
         lx, lr = losses(log_x), losses(log_r)
-        dl = max(abs(a - b) for a, b in zip(lx, lr, strict=True))
+        dl = loss_diff(lx, lr)
         self.check("exact: the reference's losses", dl <= 1e-9, f"max difference {dl:.3g}")
         if on_gpu:
             # across devices the dense model's fp64 products round differently (cuBLAS and
@@ -150,7 +155,7 @@ class Checker:
                 "reference-exact-cpu", "--reference", "--exact", "--device", "cpu"
             )
             lc = losses(log_c)
-            dl = max(abs(a - b) for a, b in zip(lx, lc, strict=True))
+            dl = loss_diff(lx, lc)
             self.check("exact: the CPU reference's losses", dl <= 1e-6, f"max difference {dl:.3g}")
             self.lines.append(
                 f"* exact: tables differ from the CPU reference's by at most "
@@ -170,7 +175,7 @@ class Checker:
                 first_line(out),
             )
         lk, lf = losses(log_k), losses(log_f)
-        dl = max(abs(a - b) for a, b in zip(lk[:10], lf[:10], strict=True))
+        dl = loss_diff(lk[:10], lf[:10])
         self.check(
             "kernels: the reference's first 10 losses", dl <= 1e-5, f"max difference {dl:.3g}"
         )
