@@ -145,3 +145,16 @@ def test_the_tune_variants_apply_to_the_templates_and_compile():
         assert "embark_bwd_none_w128" in compile_ptx(bench._variant(text, BLOCK=128))
     with pytest.raises(ValueError, match="no constant UNROLL"):
         bench._variant(bwd, UNROLL=2)
+
+
+def test_the_report_is_written_line_by_line(tmp_path, capsys):
+    """A run cut short by its time limit keeps what it measured; an --out it cannot
+    write is said, with exit code 2."""
+    bench = _bench()
+    out = tmp_path / "r.md"
+    rep = bench.Report(out)
+    rep.out("# one")
+    rep.row(["a", 1])
+    assert out.read_text() == "# one\n| a | 1 |\n"
+    assert bench.main(["--self-test-cpu", "--out", str(tmp_path / "no" / "r.md")]) == 2
+    assert "cannot write --out" in capsys.readouterr().err

@@ -19,7 +19,8 @@
    same device (and the exact one on the CPU).
 
 Prints markdown tables (also written to --out). Exit code 0 when every check passes, 1 when
-one fails, 2 without a CUDA device (0 with --allow-no-gpu, after rendering the kernels).
+one fails, 2 without a CUDA device (0 with --allow-no-gpu, after rendering the kernels) or
+when --out cannot be written.
 Each section is guarded: an exception is reported in the table and the run goes on.
 `--self-test-cpu` runs the same harness on the CPU with the torch path standing in for the
 kernels and tiny sizes (the repository's tests use it; it measures nothing).
@@ -1155,7 +1156,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sources, origin = load_sources()
     kernels_in = json.loads(sources["kernels/manifest.json"])["kernels"]
-    rep = Report(args.out)
+    try:
+        rep = Report(args.out)
+    except OSError as e:
+        print(f"bench/gpu: cannot write --out {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
     rep.out("# embarkc generated CUDA kernels: GPU check and benchmark")
     rep.out()
     rep.out(f"{len(kernels_in)} kernel instantiations ({origin}); torch {torch.__version__}")

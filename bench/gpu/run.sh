@@ -13,7 +13,8 @@
 #   bench/gpu/run.sh --allow-no-gpu       # exits 0 on a machine without a GPU
 #
 # Exit code: 0 all checks passed, 1 a check failed, 2 no CUDA device (0 with
-# --allow-no-gpu), 124 the 5-minute budget ran out (what was measured is printed).
+# --allow-no-gpu) or an --out that cannot be written, 124 the 5-minute budget ran out
+# (what was measured is printed, and is in --out).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-$(command -v python || command -v python3)}"
