@@ -712,18 +712,19 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
                 f"`torchrun --nproc-per-node {program.gpus_per_node} --nnodes {program.nodes} "
                 "train.py`; or use --reference for one unsharded process"
             )
-        os.environ.update(
-            {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-        )
-        if "MASTER_PORT" not in os.environ:  # a fixed one may be taken by another job
-            os.environ["MASTER_PORT"] = str(_free_port())
-    elif int(world_env) != program.world_size:
-        raise TrainerError(
-            f"launched with {world_env} processes, but the plan has {program.world_size} ranks "
-            f"({program.nodes} node(s) x {program.gpus_per_node}); launch with ./launch.sh, or "
-            "recompile the spec for the machines you have"
-        )
-    trainer = _Sharded(program, plan, args)
+        # one process needs no rendezvous: `_Sharded` joins a group of its own through
+        # an in-memory store, so no port is picked and raced for with other jobs
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+        alone = True
+    else:
+        alone = False
+        if int(world_env) != program.world_size:
+            raise TrainerError(
+                f"launched with {world_env} processes, but the plan has {program.world_size} "
+                f"ranks ({program.nodes} node(s) x {program.gpus_per_node}); launch with "
+                "./launch.sh, or recompile the spec for the machines you have"
+            )
+    trainer = _Sharded(program, plan, args, alone=alone)
     try:
         result = trainer.run()
     except _Stopped:
@@ -737,13 +738,19 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
     return result
 
 
-def _free_port() -> int:
-    """A TCP port of the loopback interface that no one listens on now."""
-    import socket
+def _join_alone(device: torch.device) -> None:
+    """Make a group of one process, this one, through an in-memory store: no port."""
+    import torch.distributed as dist
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    if dist.is_initialized():
+        return
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=600),
+    )
 
 
 def _join_restarted_job(device: torch.device) -> None:
@@ -776,7 +783,9 @@ def _join_restarted_job(device: torch.device) -> None:
 
 
 class _Sharded:
-    def __init__(self, program: TrainProgram, plan: Plan, args: argparse.Namespace):
+    def __init__(
+        self, program: TrainProgram, plan: Plan, args: argparse.Namespace, alone: bool = False
+    ):
         import torch.distributed as dist
 
         from embark_runtime.comm import init_distributed
@@ -784,7 +793,10 @@ class _Sharded:
         self.program, self.plan, self.args = program, plan, args
         self.dist = dist
         self.device = _device(args)
-        _join_restarted_job(self.device)
+        if alone:
+            _join_alone(self.device)
+        else:
+            _join_restarted_job(self.device)
         self.comm = init_distributed(plan, device=str(self.device))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         exact = _exact(args, self.device)

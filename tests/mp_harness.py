@@ -1,7 +1,8 @@
 """Helpers for runtime tests: small plans, random batches, and a multi-process harness.
 
 `spawn(worker, world, *args)` starts `world` gloo processes once (torch.multiprocessing,
-a free TCP port on 127.0.0.1), runs `worker(rank, world, *args)` in each and returns the
+meeting through a FileStore in a temporary folder, so no port is picked and raced for
+with other jobs), runs `worker(rank, world, *args)` in each and returns the
 list of the workers' (picklable) results, re-raising a worker's exception with its
 traceback. Tests loop over many configurations inside one spawn to amortise start-up.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -31,21 +31,14 @@ from embark_runtime.plan import (
 from embark_runtime.plan import Plan as PlanModel
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, worker, world: int, port: int, outdir: str, args) -> None:
+def _entry(rank: int, worker, world: int, outdir: str, args) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
-    )
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    store = dist.FileStore(os.path.join(outdir, "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         result = ("ok", worker(rank, world, *args))
     except BaseException:
@@ -64,7 +57,7 @@ def spawn(worker, world: int, *args):
     with tempfile.TemporaryDirectory() as outdir:
         ctx = mp.start_processes(
             _entry,
-            args=(worker, world, free_port(), outdir, args),
+            args=(worker, world, outdir, args),
             nprocs=world,
             join=False,
             start_method="fork",

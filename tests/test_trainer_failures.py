@@ -2,7 +2,7 @@
 rank's slice of a batch, a file system that refuses a checkpoint, a checkpoint of another
 dense model or optimizer, checkpoints of another run in --checkpoint-dir, a folder of
 checkpoints with a damaged newest one, fewer held-out batches than --eval-batches, a busy
-default port. Every case ends with `train.py: error: ...` (or a warning) and exit code 2
+default port or the one MASTER_PORT names. Every case ends with `train.py: error: ...` (or a warning) and exit code 2
 (or 0), never a Python traceback, and every rank says its part.
 
 The 4-rank cases run tiny.embark under torchrun; the one-process cases a copy of it on
@@ -38,13 +38,15 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], limit_bytes: int | None = None) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], limit_bytes: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     def limit() -> None:  # python ignores SIGXFSZ: a write past the limit fails with EFBIG
         if limit_bytes is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
     return subprocess.run(
-        cmd, capture_output=True, text=True, env=_env(), timeout=400, preexec_fn=limit
+        cmd, capture_output=True, text=True, env=_env() | (env or {}), timeout=400, preexec_fn=limit
     )
 
 
@@ -53,8 +55,8 @@ def torchrun(out: Path, *args: str, limit_bytes: int | None = None) -> subproces
     return _run([*cmd, str(out / "train.py"), "--quiet", *args], limit_bytes)
 
 
-def one(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return _run([sys.executable, str(out / "train.py"), "--quiet", *args])
+def one(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return _run([sys.executable, str(out / "train.py"), "--quiet", *args], env=env)
 
 
 def compile_text(text: str, work: Path, name: str) -> Path:
@@ -170,14 +172,18 @@ def single(tmp_path_factory) -> tuple[Path, Path, Path]:
 def test_a_checkpoint_of_another_dense_model_or_optimizer_is_refused_at_resume(single, tmp_path):
     base, wider, adam = single
     ckpt = tmp_path / "ckpt"
-    # the default port is taken: a one-process run picks a free one
-    with socket.socket() as busy:
+    # a one-process run meets no one, so it binds no port: the default one and the one
+    # MASTER_PORT names are taken, and it starts all the same
+    with socket.socket() as busy, socket.socket() as named:
         try:
             busy.bind(("127.0.0.1", 29500))
             busy.listen()
         except OSError:
             pass  # someone else holds it: the run must still start
-        r = one(base, "--steps", "2", "--checkpoint-dir", str(ckpt))
+        named.bind(("127.0.0.1", 0))
+        named.listen()
+        port = str(named.getsockname()[1])
+        r = one(base, "--steps", "2", "--checkpoint-dir", str(ckpt), env={"MASTER_PORT": port})
     assert r.returncode == 0, r.stderr[-3000:]
     r = one(wider, "--steps", "3", "--resume", str(ckpt / "step-2"))
     exit_2(r)
