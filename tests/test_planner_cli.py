@@ -39,6 +39,19 @@ def test_plan_writes_the_same_bytes_twice_and_prints_the_summary(tmp_path, capsy
     assert "deterministic work" not in capsys.readouterr().out
 
 
+def test_a_quiet_plan_prints_nothing_but_writes_the_same_plan(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["plan", TINY, "-o", str(a), "--solver", "greedy"]) == 0
+    assert "step time" in capsys.readouterr().out
+    assert main(["plan", TINY, "-o", str(b), "--solver", "greedy", "-q"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert a.read_bytes() == b.read_bytes()
+    # what was asked for explicitly still prints
+    assert main(["plan", TINY, "--solver", "greedy", "--quiet", "--explain", "item"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("explain item:") and "planner:" not in out
+
+
 def test_a_limit_the_greedy_uses_up_is_said_and_a_longer_one_refines(tmp_path, capsys):
     """The greedy's work is charged against the limit: one it uses up (here in its first
     start: the rest of the command alone takes longer) skips CP-SAT and says so; a longer
@@ -210,7 +223,16 @@ def test_explain_lists_each_option_once(tmp_path, capsys):
 def test_explain_of_an_empty_name_is_a_user_error(capsys):
     assert main(["plan", TINY, "--solver", "greedy", "--explain", ""]) == 2
     err = capsys.readouterr().err
-    assert "--explain needs a table name" in err and "country, item" in err
+    assert (
+        "--explain needs a table name" in err
+        and "the tables are `brand`, `category`, `country`" in err
+    )
+
+
+def test_explain_of_a_name_like_no_table_lists_the_tables(capsys):
+    assert main(["plan", TINY, "--solver", "greedy", "--explain", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "no table `nosuch`" in err and "the tables are `brand`, `category`, `country`" in err
 
 
 def test_explain_in_the_wrong_case_hints_at_the_table(capsys):

@@ -63,11 +63,15 @@ def refuse_folder_output(output: str, what: str, example: str) -> None:
     )
 
 
-def name_hint(word: str, names: Iterable[str]) -> str | None:
+def name_hint(word: str, names: Iterable[str]) -> str:
     """A "did you mean" hint for a misspelt name, also when only its case is wrong
-    (`ITEM` -> `item`)."""
+    (`ITEM` -> `item`); with no name close to it, the names there are (the first ten)."""
     names = sorted(names)
     same = [n for n in names if n.casefold() == word.casefold()]
     if same:
         return f"did you mean `{same[0]}`? (names are case-sensitive)"
-    return did_you_mean(word, names) or did_you_mean(word.casefold(), names)
+    close = did_you_mean(word, names) or did_you_mean(word.casefold(), names)
+    if close:
+        return close
+    more = f", ... ({len(names)} in all)" if len(names) > 10 else ""
+    return "the tables are " + ", ".join(f"`{n}`" for n in names[:10]) + more

@@ -5,7 +5,7 @@ the clusters, the solver's status and the baselines; `-o` writes plan.json
 (deterministic bytes; `-o -` prints it alone on stdout, the summary on stderr);
 `--explain TABLE` prints the cost of every alternative for one table (kind x grid, placed
 on the least-loaded ranks of the chosen plan) and why it lost. Progress goes to stderr
-during long searches.
+during long searches; `-q` prints neither progress nor the summary.
 """
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dump",
         choices=("ast", "ir", "plan"),
         help="print this stage on stdout and stop (not with -o)",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print no summary (warnings, errors and --explain still print)",
     )
 
 
@@ -107,19 +113,10 @@ def run(args: argparse.Namespace) -> int:
     if args.explain is not None and args.explain not in program.table_by_name:
         from embarkc.commands import name_hint
 
+        hint = name_hint(args.explain, program.table_by_name)
         if not args.explain.strip():
-            raise EmbarkError.at(
-                args.spec,
-                "--explain needs a table name",
-                hint="tables: "
-                + ", ".join(t.name for t in program.tables[:10])
-                + (", ..." if len(program.tables) > 10 else ""),
-            )
-        raise EmbarkError.at(
-            args.spec,
-            f"--explain: no table `{args.explain}`",
-            hint=name_hint(args.explain, program.table_by_name),
-        )
+            raise EmbarkError.at(args.spec, "--explain needs a table name", hint=hint)
+        raise EmbarkError.at(args.spec, f"--explain: no table `{args.explain}`", hint=hint)
     # say what cannot be written before planning (a CP-SAT search can take its whole time
     # limit)
     if args.output and args.output != "-":
@@ -132,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(
         strategy=args.strategy, solver=args.solver, time_limit=args.time_limit, seed=args.seed
     )
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and not args.quiet:
         from rich.console import Console
 
         with Console(stderr=True).status("planning ...") as status:
@@ -168,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
             )
     limit = program.options.time_limit if args.time_limit is None else args.time_limit
     with contextlib.redirect_stdout(summary_to):
-        _print(plan, wall, args.output, limit, program)
+        if not args.quiet:
+            _print(plan, wall, args.output, limit, program)
         if args.explain:
             _explain(program, plan, args.explain)
     took = _clock() - entered
