@@ -187,3 +187,35 @@ def test_fmt_keeps_the_permissions_of_the_spec(tmp_path: Path) -> None:
         assert main(["fmt", str(spec)]) == EXIT_OK
         assert spec.read_text() == CANONICAL
         assert stat.S_IMODE(spec.stat().st_mode) == mode
+
+
+def test_fmt_keeps_a_byte_order_mark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An editor that writes a BOM writes it again at its next save: fmt keeps it, so a
+    canonical file with one passes --check."""
+    bom = b"\xef\xbb\xbf"
+    spec = tmp_path / "bom.embark"
+    spec.write_bytes(bom + MESSY.encode())
+    assert main(["fmt", str(spec)]) == EXIT_OK
+    assert spec.read_bytes() == bom + CANONICAL.encode()
+    capsys.readouterr()
+    assert main(["fmt", "--check", str(spec)]) == EXIT_OK
+    assert capsys.readouterr().out == ""
+    # and none is added where there was none
+    spec.write_bytes(MESSY.encode())
+    assert main(["fmt", str(spec)]) == EXIT_OK
+    assert spec.read_bytes() == CANONICAL.encode()
+
+
+def test_fmt_keeps_crlf_line_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The line ends of the first line are the file's: CRLF stays CRLF, in every line."""
+    spec = tmp_path / "crlf.embark"
+    spec.write_bytes(MESSY.replace("\n", "\r\n").encode())
+    assert main(["fmt", str(spec)]) == EXIT_OK
+    assert spec.read_bytes() == CANONICAL.replace("\n", "\r\n").encode()
+    capsys.readouterr()
+    assert main(["fmt", "--check", str(spec)]) == EXIT_OK
+    assert capsys.readouterr().out == ""
+    # mixed: a first line in LF makes every line LF
+    spec.write_bytes(MESSY.replace("\n", "\r\n").replace("\r\n", "\n", 1).encode())
+    assert main(["fmt", str(spec)]) == EXIT_OK
+    assert spec.read_bytes() == CANONICAL.encode()

@@ -1,6 +1,7 @@
 """`embarkc fmt SPEC...`: rewrite specs in canonical form (`--check`: only report).
 
-Files already canonical are not touched. With `--check` nothing is written: each file
+Files already canonical are not touched; a byte-order mark at the start stays, and so
+do CRLF line ends when the first line ends so. With `--check` nothing is written: each file
 that would change is named on stdout and the exit code is 1. A spec that does not parse
 is an error (exit 2); the other files are still processed.
 """
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from embarkc.emit import write_output
     from embarkc.format import format_text
-    from embarkc.syntax import check_text
+    from embarkc.syntax import BOM, check_text
 
     status = EXIT_OK
     for spec in args.specs:
@@ -37,7 +38,13 @@ def run(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
             text = check_text(data, spec)
-            new = format_text(text, spec)
+            # a byte-order mark and CRLF line ends, which some editors write, stay (as the
+            # first line ends): dropping them would make the editor's next save a change
+            # again, and `fmt --check` fail on every one
+            new = (BOM if text.startswith(BOM) else "") + format_text(text, spec)
+            first = text.find("\n")
+            if first > 0 and text[first - 1] == "\r":
+                new = new.replace("\n", "\r\n")
             if new == text:
                 continue
             if args.check:
