@@ -162,7 +162,8 @@ def reject_json(data: bytes, filename: str) -> None:
                 "this is an embark plan file (JSON), not a spec",
                 Span.of_file(filename),
                 "`embarkc check`, `simulate`, `diff` and `report` read plans; `plan` and "
-                f"`compile` take the .embark spec a plan was made from{named}",
+                f"`compile` take the .embark spec a plan was made from{named} "
+                "(`embarkc compile SPEC --plan PLAN` compiles a given plan of it)",
             )
         )
     raise EmbarkError(

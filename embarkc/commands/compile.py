@@ -8,18 +8,29 @@ written through a link or outside DIR: the command stops before writing anything
 compile that fails while writing (a full disk) leaves DIR as it was.
 `--dump ast|ir|plan` prints that stage's value on stdout and stops (no output folder
 needed).
+
+`--plan PLAN` compiles a given plan of the spec (one reviewed with `embarkc diff`, edited
+by hand, or written by another tool) instead of planning: it must pass every rule of the
+independent checker against the spec (`embarkc check`), and is written as it is, its
+`source` naming the spec; an estimate that no longer costs its layout (an edit, another
+tool) is re-costed, with a warning.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from embarkc.commands import check_planner_options
 from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import STRATEGIES
 
-HELP = "plan a spec and generate its trainer (train.py, launch.sh, CUDA kernels) into a folder"
+HELP = (
+    "plan a spec (or take a plan of it, --plan) and generate its trainer (train.py, "
+    "launch.sh, CUDA kernels) into a folder"
+)
 
 SOLVERS = ("greedy", "cp-sat")
 
@@ -47,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, help="planner seed (default: the spec's)")
     p.add_argument(
+        "--plan",
+        metavar="PLAN",
+        help="compile this plan of the spec (a plan.json, e.g. one reviewed with `embarkc "
+        "diff`) instead of planning; it is checked against the spec first",
+    )
+    p.add_argument(
         "--dump", choices=("ast", "ir", "plan"), help="print this stage on stdout and stop"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -65,6 +82,18 @@ def run(args: argparse.Namespace) -> int:
             spec, "-o names the output folder; `-` (stdout) holds no folder", hint="e.g. -o out"
         )
     check_planner_options(args, spec)
+    if args.plan is not None:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("strategy", "solver", "time_limit", "seed")
+            if getattr(args, name) is not None
+        ]
+        if given:
+            raise EmbarkError.at(
+                args.plan,
+                f"--plan gives the plan, so {', '.join(given)} would change nothing",
+                hint=f"drop {' and '.join(given)}, or drop --plan to plan the spec anew",
+            )
     if args.dump == "ast":
         print(dump_ast(spec))
         return 0
@@ -76,9 +105,15 @@ def run(args: argparse.Namespace) -> int:
         print(dump_ir(program))
         return 0
 
-    from embarkc.emit import check_overwrites, input_paths
+    from embarkc.emit import check_overwrites, input_paths, same_file
 
     inputs = input_paths(program)
+    if args.plan is not None and not (
+        args.output is not None and same_file(Path(args.output) / "plan.json", args.plan)
+    ):
+        # the plan is an input too, unless it is the folder's own plan.json (compiled
+        # again after an edit): the plan written there is that plan, checked
+        inputs.append(args.plan)
     if args.dump is None:
         # before planning, which can take the whole time limit; emit checks every output
         check_overwrites(args.output, TOP_LEVEL_OUTPUTS, inputs, folders=(KERNELS,))
@@ -86,14 +121,17 @@ def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import dumps_plan
     from embarkc.planner import plan_program, warn_ignored_constraints
 
-    plan = plan_program(
-        program,
-        strategy=args.strategy,
-        solver=args.solver,
-        time_limit=args.time_limit,
-        seed=args.seed,
-    )
-    warn_ignored_constraints(program, plan)
+    if args.plan is not None:
+        plan = _given_plan(program, args.plan)
+    else:
+        plan = plan_program(
+            program,
+            strategy=args.strategy,
+            solver=args.solver,
+            time_limit=args.time_limit,
+            seed=args.seed,
+        )
+        warn_ignored_constraints(program, plan)
     if args.dump == "plan":
         sys.stdout.write(dumps_plan(plan))
         return 0
@@ -119,7 +157,75 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{args.output}: {len(result.written)} written, {len(result.unchanged)} unchanged"
             + (f", {len(result.removed)} removed" if result.removed else "")
-            + f" (plan {plan.planner.strategy}, {plan.world_size} ranks, "
+            + f" (plan {plan.planner.strategy}"
+            + (f" from {args.plan}" if args.plan is not None else "")
+            + f", {plan.world_size} ranks, "
             f"estimated step {plan.estimate.step_time * 1e3:.3f} ms)"
         )
     return 0
+
+
+def _given_plan(program: Any, path: str) -> Any:
+    """The plan at `path`, held to the plan-v1 contract and to every rule of the checker
+    against `program` (an EmbarkError or PlanError names the broken ones), as the plan of
+    `program`'s spec; its estimate re-costed when it no longer costs the layout."""
+    from embark_runtime.plan import load_plan
+    from embarkc.planner import adopt_plan, stale_reason, warn_ignored_constraints
+    from embarkc.planner.check import check_plan
+
+    if not Path(path).is_file():
+        what = "is not a file" if Path(path).exists() else "does not exist"
+        raise EmbarkError.at(path, f"--plan: {path} {what}", hint="give the path of a plan.json")
+    from embarkc.syntax import looks_like_json
+
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if not looks_like_json(head):
+        raise EmbarkError.at(
+            path,
+            f"--plan: {path} is not a plan file (a plan.json holds one JSON object)",
+            hint="give a plan.json that `embarkc plan -o` or `compile` wrote; the spec comes "
+            "first: `embarkc compile SPEC --plan PLAN -o DIR`",
+        )
+    plan = load_plan(path)
+    # a fixed strategy's plan ignores the spec's placement constraints by design: they
+    # are warnings then, as `embarkc check` says them
+    fixed = plan.planner.strategy not in ("embark", "greedy")
+    try:
+        check_plan(program, plan, path, constraints=not fixed, estimate=False)
+    except EmbarkError as e:
+        raise _of_another_spec(program, plan, path, e) from None
+    if fixed:
+        warn_ignored_constraints(program, plan)
+    why = stale_reason(plan)
+    if why is None and (plan.estimate.model_extra or {}).get("layout_sha256") is None:
+        why = "its estimate does not say which layout it costs (another tool's plan)"
+    if why is not None:
+        print(
+            f"{path}: warning: {why}: the compiled plan.json carries the cost model's "
+            "estimate of its layout instead",
+            file=sys.stderr,
+        )
+    return adopt_plan(program, plan, recost=why is not None)
+
+
+def _of_another_spec(program: Any, plan: Any, path: str, error: EmbarkError) -> EmbarkError:
+    """`error` (the checker's), led by a line saying so when the plan names another spec
+    than the one compiled: then every difference it lists follows from that."""
+    from embarkc.diagnostics import Span
+    from embarkc.emit import same_file
+    from embarkc.frontend import find_plan_spec
+
+    spec = program.sources[0].path
+    named, state = find_plan_spec(plan, path)
+    if state == "missing" and Path(plan.source.spec).name == Path(spec).name:
+        return error
+    if state != "missing" and same_file(named, spec):
+        return error
+    lead = Diagnostic(
+        f"--plan: {path} was made from {plan.source.spec}, not from {spec}",
+        Span.of_file(path),
+        f"plan {spec} (`embarkc plan {spec} -o plan.json`), or compile the spec the plan "
+        "was made from",
+    )
+    return EmbarkError([lead, *error.diagnostics], error.sources)

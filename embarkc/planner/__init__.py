@@ -282,6 +282,13 @@ def build_plan(
         "model": without_spans(program.model.model_dump(mode="json")),
         "seed": program.options.seed,
     }
+    return _plan_of(program, data, stamp=True)
+
+
+def _plan_of(program: Program, data: dict[str, Any], stamp: bool) -> Plan:
+    """The Plan of the plan file's fields `data` for `program`, held to the rules and to
+    every bound a plan file is read with; `stamp`: its estimate gets the digests of the
+    layout it costs and of its own figures."""
     try:
         plan = Plan.model_validate(round9(data))
     except ValidationError as e:
@@ -289,10 +296,11 @@ def build_plan(
         where = ".".join(str(x) for x in err["loc"])
         raise _beyond_plan_files(program, f"field `{where}`: {err['msg']}") from None
     validate_rules(plan, program.sources[0].path)
-    # the estimate names the layout it costs and its own figures, so that an edit of
-    # either shows (`figures_digest` leaves the digests out)
-    digests = {"layout_sha256": layout_digest(plan), "figures_sha256": figures_digest(plan)}
-    plan = plan.model_copy(update={"estimate": plan.estimate.model_copy(update=digests)})
+    if stamp:
+        # the estimate names the layout it costs and its own figures, so that an edit of
+        # either shows (`figures_digest` leaves the digests out)
+        digests = {"layout_sha256": layout_digest(plan), "figures_sha256": figures_digest(plan)}
+        plan = plan.model_copy(update={"estimate": plan.estimate.model_copy(update=digests)})
     try:
         # every bound a plan file is read with (its fields of our own too): the planner
         # never writes a plan that the commands reading it refuse
@@ -300,6 +308,22 @@ def build_plan(
     except PlanError as e:
         raise _beyond_plan_files(program, e.message) from None
     return plan
+
+
+def adopt_plan(program: Program, plan: Plan, recost: bool) -> Plan:
+    """`plan`, which the checker found to describe `program`, as the plan of `program`'s
+    spec: its `source` names that spec, and with `recost` its estimate is the cost
+    model's for its layout (a plan edited by hand, or from another tool), with the
+    digests that say so. Clusters, shards and the planner's record stay as they are."""
+    from embark_runtime.plan import plan_to_dict
+    from embarkc.planner.cost import CostModel
+
+    data = plan_to_dict(plan)
+    source = program.sources[0]
+    data["source"] = {"spec": source.path, "sha256": source.sha256}
+    if recost:
+        data["estimate"] = CostModel(program).evaluate(plan)
+    return _plan_of(program, data, stamp=recost)
 
 
 def _beyond_plan_files(program: Program, what: str) -> EmbarkError:
