@@ -172,14 +172,16 @@ def _given_plan(program: Any, path: str) -> Any:
     from embark_runtime.plan import load_plan
     from embarkc.planner import adopt_plan, stale_reason, warn_ignored_constraints
     from embarkc.planner.check import check_plan
+    from embarkc.syntax import looks_like_json
 
     if not Path(path).is_file():
         what = "is not a file" if Path(path).exists() else "does not exist"
         raise EmbarkError.at(path, f"--plan: {path} {what}", hint="give the path of a plan.json")
-    from embarkc.syntax import looks_like_json
-
-    with open(path, "rb") as f:
-        head = f.read(4096)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise EmbarkError.at(path, f"--plan: cannot read {path}: {e.strerror or e}") from None
     if not looks_like_json(head):
         raise EmbarkError.at(
             path,
