@@ -19,7 +19,7 @@ from embarkc.ir import (
     TableConstraint,
     Topology,
 )
-from embarkc.planner.bound import _totals, bound_categories, lower_bound
+from embarkc.planner.bound import _totals, bound_categories, least_memory, lower_bound
 from embarkc.planner.clusters import Unit, dp_bytes, units_of
 from embarkc.planner.cost import CostModel
 from embarkc.planner.types import Layout, Placement, column_widths
@@ -118,24 +118,33 @@ def _random_layout(cm: CostModel, rng: random.Random) -> Layout:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(), st.integers(0, 2**31))
-def test_no_layout_is_faster_than_the_bound(program, seed):
+def test_no_layout_is_faster_than_the_bound_or_holds_less_than_the_least(program, seed):
     cm = CostModel(program)
     try:
         lb = lower_bound(cm).step_time
+        least = least_memory(cm)
     except Exception as e:  # contradicting constraints: the planner's own error
         assert "contradict" in str(e) or "colocated" in str(e), e
         return
     rng = random.Random(seed)
     for _ in range(5):
-        assert cm.step_time(_random_layout(cm, rng)) >= lb * (1 - TOL)
+        state = cm.layout_state(_random_layout(cm, rng))
+        assert state.step_time() >= lb * (1 - TOL)
+        assert float(state.memory().mean()) >= least * (1 - TOL)
 
 
-def test_no_grid_of_a_paper_table_does_less_work_than_one_cell():
-    # the lemma the bound rests on, on T180's table shapes at 4 x 8 GPUs: splitting rows
-    # or columns never lowers a table's total work or key time (within the statistics'
-    # integration accuracy)
-    prog = program_from_workload(SHARED / "workloads" / "t180.json", 4)
+@pytest.mark.parametrize("workload", ["t180", "dcnv2"])
+def test_no_grid_of_a_paper_table_does_less_work_or_holds_less_than_one_cell(workload):
+    # the lemmas the bound and `least_memory` rest on, on T180's (sgd) and DCNv2's
+    # (adagrad: state per element) table shapes at 4 x 8 GPUs: splitting rows or columns
+    # never lowers a table's total work, key time or memory over all ranks (within the
+    # statistics' integration accuracy)
+    prog = program_from_workload(SHARED / "workloads" / f"{workload}.json", 4)
     cm = CostModel(prog)
+
+    def held(name: str, p: Placement) -> float:
+        return float(cm.layout_state({name: p}).memory().sum())
+
     seen = set()
     for t in prog.tables:
         if (t.rows, t.dim, cm.facts[t.name].ids) in seen:
@@ -143,7 +152,8 @@ def test_no_grid_of_a_paper_table_does_less_work_than_one_cell():
         seen.add((t.rows, t.dim, cm.facts[t.name].ids))
         for kind in ("rb", "ub"):
             for comm in ("flat", "hierarchical"):
-                one = _totals(cm, t.name, Placement(kind, 1, (t.dim,), (0,), communication=comm))  # type: ignore[arg-type]
+                p1 = Placement(kind, 1, (t.dim,), (0,), communication=comm)  # type: ignore[arg-type]
+                one, one_held = _totals(cm, t.name, p1), held(t.name, p1)
                 for r in (2, 3, 8, 64):
                     for c in (1, 3):
                         if r > t.rows or c > t.dim // 4:
@@ -153,6 +163,7 @@ def test_no_grid_of_a_paper_table_does_less_work_than_one_cell():
                         work, keys = _totals(cm, t.name, p)
                         assert work >= one[0] * (1 - TOL), (t.name, kind, comm, r, c)
                         assert keys >= one[1] * (1 - TOL), (t.name, kind, comm, r, c)
+                        assert held(t.name, p) >= one_held * (1 - TOL), (t.name, kind, comm, r, c)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

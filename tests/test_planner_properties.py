@@ -289,4 +289,7 @@ def test_a_refusal_counts_the_replicated_tables_on_every_gpu() -> None:
     msg = str(e.value)
     assert "the largest sharded table group (t1) needs 175.0 KiB" in msg
     assert "the replicated (dp) tables (t0) take 128.1 KiB on every GPU" in msg
-    assert "shard a dp table (cluster rb or ub)" in msg
+    assert "sharding a dp table (cluster rb or ub)" in msg
+    # how full the GPUs are whatever the plan: t0's replica and buffers on both, t1 and
+    # its buffers spread
+    assert "need at least 2" in msg and "KiB a GPU on average (" in msg

@@ -32,6 +32,7 @@ worst on the paper workloads, tests/test_planner_bound.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -187,6 +188,32 @@ def _lower_bound(cm: CostModel, units: _UnitOptions) -> LowerBound:
                 best = LowerBound(t, kinds, work / W, beyond, fixed)
     assert best is not None, "every table has an allowed option"
     return best
+
+
+def least_memory(cm: CostModel) -> float:
+    """Bytes a GPU holds at least on average in any plan of `cm.program`: every table's
+    weights, optimizer state and buffers (its cells' and those every rank keeps for it)
+    in its allowed option that holds the least, summed over all ranks and spread evenly,
+    so the fullest GPU holds at least that. As with the work, a table's smallest allowed
+    grid holds the least of its kind: a row split adds a partial per sample and row shard
+    to the buffers, a column split the keys per cell (and rowwise_adagrad's row state per
+    cell); a dp table is one replica on every GPU. Used to say how full a spec that finds
+    no placement leaves the GPUs."""
+    total = 0.0
+    seen: dict[tuple[object, ...], float] = {}
+    for u in units_of(cm):
+        for name in u.tables:
+            key = (cm.facts[name].cache_key(u.min_r), u.kinds, u.min_r, u.min_c)
+            least = seen.get(key)
+            if least is None:
+                least = math.inf
+                for _, p in _options(cm, u, name):
+                    st = RankState(cm)
+                    st.add_table(name, p, 1.0)
+                    least = min(least, float(st.memory().sum()))
+                seen[key] = least
+            total += least
+    return total / cm.W
 
 
 def bound_categories(cm: CostModel) -> dict[str, str]:

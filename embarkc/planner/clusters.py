@@ -246,6 +246,22 @@ def initial_kinds(
     return choice
 
 
+def smaller_tables(cm: CostModel) -> list[str]:
+    """What would make the tables themselves smaller, with what it saves: fp16 weights for
+    fp32 tables, an optimizer with less state."""
+    prog = cm.program
+    out = []
+    fp32 = sum(t.rows * t.dim * 2 for t in prog.tables if t.dtype == "fp32")
+    if fp32:
+        out.append(f"fp16 weights (saves {format_bytes(fp32)})")
+    state = float(prog.embedding_bytes) - sum(t.rows * t.row_weight_bytes for t in prog.tables)
+    if state > 0:
+        out.append(
+            f"an optimizer with less state (sgd or rowwise_adagrad; state is {format_bytes(state)})"
+        )
+    return out
+
+
 def check_fits(cm: CostModel, units: list[Unit]) -> None:
     """Raise EmbarkError when the tables cannot fit, saying what would make them fit."""
     prog = cm.program
@@ -267,13 +283,7 @@ def check_fits(cm: CostModel, units: list[Unit]) -> None:
     gpus = math.ceil(total / cm.capacity)
     nodes = math.ceil(gpus / cm.G)
     fixes = [f"at least {nodes} nodes of {cm.G} GPUs ({nodes * cm.G} GPUs) instead of {cm.nodes}"]
-    fp32 = sum(t.rows * t.dim * 2 for t in prog.tables if t.dtype == "fp32")
-    if fp32:
-        fixes.append(f"fp16 weights (saves {format_bytes(fp32)})")
-    if state > 0:
-        fixes.append(
-            f"an optimizer with less state (sgd or rowwise_adagrad; state is {format_bytes(state)})"
-        )
+    fixes += smaller_tables(cm)
     raise EmbarkError.at(
         prog.sources[0].path,
         f"the embedding tables need {format_bytes(total)} ({format_bytes(weights)} of weights, "

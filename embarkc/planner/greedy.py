@@ -63,6 +63,7 @@ from embarkc.planner.clusters import (
     initial_grid,
     initial_kinds,
     sharded_total_seconds,
+    smaller_tables,
     unit_bytes,
     units_of,
 )
@@ -1913,14 +1914,21 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
             f"; the replicated (dp) tables ({names}) take "
             f"{format_bytes(sum(dp_bytes(cm, u) for u in dp))} on every GPU"
         )
+    from embarkc.planner.bound import least_memory
+
+    # how full any plan leaves the GPUs on average: the tables with their buffers
+    least = least_memory(cm)
+    fixes = ["more GPUs"] + smaller_tables(cm) + ["a lower memory_headroom"]
+    fixes += ["sharding a dp table (cluster rb or ub)"] if dp else []
     raise EmbarkError.at(
         cm.program.sources[0].path,
         f"no placement fits in {cm.W} GPU{'s' if cm.W != 1 else ''} of "
-        f"{format_bytes(cm.capacity)}: the largest sharded table group "
+        f"{format_bytes(cm.capacity)}: the tables with the buffers of their communication "
+        f"need at least {format_bytes(least)} a GPU on average "
+        f"({100 * least / cm.capacity:.0f} % of it); the largest sharded table group "
         f"({', '.join(biggest.tables[:3])}) needs {format_bytes(unit_bytes(cm, biggest))}, "
         f"the sharded tables {format_bytes(total)} ({format_bytes(total / cm.W)} per GPU)"
-        f"{copies}, and the shard constraints or the communication buffers every GPU holds "
-        "leave no room",
-        hint=("shard a dp table (cluster rb or ub), " if dp else "")
-        + "allow more row shards, lower memory_headroom, or add GPUs",
+        f"{copies}, and the shard constraints or the buffers every GPU holds leave no room "
+        "for their cells",
+        hint="it may fit with " + ", or ".join(fixes) + "; or allow more row shards",
     )
