@@ -32,7 +32,6 @@ worst on the paper workloads, tests/test_planner_bound.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -88,17 +87,20 @@ def _options(cm: CostModel, u: Unit, name: str) -> list[tuple[str, Placement]]:
     return out
 
 
-def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float]:
-    """(work, keys): the seconds table `name` placed as `p` adds to the sum over ranks of
-    their HBM, link and dp exchange time, and of their key link time."""
+def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float, float]:
+    """(work, keys, held): the seconds table `name` placed as `p` adds to the sum over
+    ranks of their HBM, link and dp exchange time and of their key link time, and the
+    bytes it adds to the sum of their memory (weights, state, buffers)."""
     W = cm.W
     if p.kind == "dp":
         # a replica on every rank and its gradient exchange, nothing on the all-to-all
         # links: what `RankState` sums for it, to the bit, without its per-rank arrays
         dv = cm.dp_values(cm.facts[name], p.exchange)
-        return W * dv.hbm / cm.bw_hbm + W * dv.exchange_time, 0.0
+        held = W * (dv.weights + dv.state + dv.buf)
+        return W * dv.hbm / cm.bw_hbm + W * dv.exchange_time, 0.0, held
     st = RankState(cm)
     st.add_table(name, p, 1.0)
+    held = float(st.memory().sum())
     hbm = float(st.hbm_own.sum()) + W * st.hbm_all
     if st.counts["ub_hier"]:
         hbm += float(st.aggregator(HH).sum())
@@ -114,7 +116,7 @@ def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float]:
         # forward and backward move the same bytes over each link
         work += 2.0 * (total("res_intra") / cm.bw_intra + total("res_inter") / cm.bw_inter)
         keys = total("dist_intra") / cm.bw_intra + total("dist_inter") / cm.bw_inter
-    return work, keys
+    return work, keys, held
 
 
 def _fixed(cm: CostModel, kinds: tuple[str, ...]) -> float:
@@ -125,18 +127,31 @@ def _fixed(cm: CostModel, kinds: tuple[str, ...]) -> float:
     return float(st.times().mean())
 
 
-_UnitOptions = list[tuple[Unit, list[list[tuple[str, float, float]]]]]
-"""Each unit with, per table, its options as (category, work, keys)."""
+_UnitOptions = list[tuple[Unit, list[list[tuple[str, float, float, float]]]]]
+"""Each unit with, per table, its options as (category, work, keys, held): `_totals`."""
 
 
-def _unit_options(cm: CostModel) -> _UnitOptions:
-    """Each unit with, per table, its options as (category, work, keys); computed once
+def _unit_options(cm: CostModel, keep: bool = True) -> _UnitOptions:
+    """Each unit with, per table, its options as (category, work, keys, held); computed once
     per cost model (`CostModel.bound_options`), shared by the greedy's bound start (of
-    programs of up to 300 units) and the plan's bound (1.8 s on 5,000 generated tables)."""
+    programs of up to 300 units) and the plan's bound (1.8 s on 5,000 generated tables).
+    Without `keep`, options not costed yet are costed aside: neither kept nor counted as
+    the search's work (`CostModel.additions`), so the plan does not depend on the call."""
     if cm.bound_options is not None:
         return cm.bound_options  # type: ignore[no-any-return]
+    if not keep:
+        counted = cm.evaluations, cm.additions
+        try:
+            return _cost_options(cm)
+        finally:
+            cm.evaluations, cm.additions = counted
+    cm.bound_options = _cost_options(cm)
+    return cm.bound_options  # type: ignore[no-any-return]
+
+
+def _cost_options(cm: CostModel) -> _UnitOptions:
     out: _UnitOptions = []
-    seen: dict[tuple[object, ...], list[tuple[str, float, float]]] = {}
+    seen: dict[tuple[object, ...], list[tuple[str, float, float, float]]] = {}
     for u in units_of(cm):
         rows = []
         for name in u.tables:
@@ -148,7 +163,6 @@ def _unit_options(cm: CostModel) -> _UnitOptions:
                 seen[key] = got
             rows.append(got)
         out.append((u, rows))
-    cm.bound_options = out
     return out
 
 
@@ -166,7 +180,7 @@ def _lower_bound(cm: CostModel, units: _UnitOptions) -> LowerBound:
     least_work = np.full((len(rows), len(CATEGORIES)), np.inf)
     least_keys = np.full((len(rows), len(CATEGORIES)), np.inf)
     for i, opts in enumerate(rows):
-        for cat, w, k in opts:
+        for cat, w, k, _ in opts:
             j = col[cat]
             least_work[i, j] = min(least_work[i, j], w)
             least_keys[i, j] = min(least_keys[i, j], k)
@@ -197,22 +211,12 @@ def least_memory(cm: CostModel) -> float:
     so the fullest GPU holds at least that. As with the work, a table's smallest allowed
     grid holds the least of its kind: a row split adds a partial per sample and row shard
     to the buffers, a column split the keys per cell (and rowwise_adagrad's row state per
-    cell); a dp table is one replica on every GPU. Used to say how full a spec that finds
-    no placement leaves the GPUs."""
+    cell); a dp table is one replica on every GPU. From the options the bound costs
+    (`_unit_options`), costed aside when the bound has not costed them yet."""
     total = 0.0
-    seen: dict[tuple[object, ...], float] = {}
-    for u in units_of(cm):
-        for name in u.tables:
-            key = (cm.facts[name].cache_key(u.min_r), u.kinds, u.min_r, u.min_c)
-            least = seen.get(key)
-            if least is None:
-                least = math.inf
-                for _, p in _options(cm, u, name):
-                    st = RankState(cm)
-                    st.add_table(name, p, 1.0)
-                    least = min(least, float(st.memory().sum()))
-                seen[key] = least
-            total += least
+    for _, per_table in _unit_options(cm, keep=False):
+        for opts in per_table:
+            total += min(held for _, _, _, held in opts)
     return total / cm.W
 
 
@@ -234,7 +238,7 @@ def bound_categories(cm: CostModel) -> dict[str, str]:
                 continue
             work = keys = 0.0
             for opts in per_table:
-                allowed = [(w, k) for c, w, k in opts if c == cat]
+                allowed = [(w, k) for c, w, k, _ in opts if c == cat]
                 if not allowed:
                     break
                 w, k = min(allowed)
