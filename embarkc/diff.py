@@ -68,15 +68,18 @@ class Side:
 
 
 def load_side(path: str) -> Side:
-    """Load a plan file, or compile and plan a spec with its own options.
+    """Load a plan file (or the plan.json of a folder `embarkc compile` wrote), or compile
+    and plan a spec with its own options.
 
     Raises EmbarkError for a missing file or a bad spec and PlanError for a plan file
     that is corrupt, of another format or of another version.
     """
+    from embarkc.frontend import is_plan_file, plan_in_folder
+
+    path = plan_in_folder(path)
     p = Path(path)
     if not p.is_file():
         raise EmbarkError.at(path, "no such file" if not p.exists() else "not a file")
-    from embarkc.frontend import is_plan_file
 
     if is_plan_file(p):
         return Side(path, load_plan(p))

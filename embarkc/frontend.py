@@ -47,6 +47,22 @@ def load_program(path: str | Path, warnings: list[Diagnostic] | None = None) -> 
     return _load(text, shown, Path(path).parent, _stem(shown), warnings)
 
 
+def plan_in_folder(path: str) -> str:
+    """`path`, or the plan.json in it when it names a folder (one `embarkc compile` wrote):
+    `embarkc check build/model` reads build/model/plan.json. EmbarkError for a folder
+    without one."""
+    p = Path(path)
+    if not p.is_dir():
+        return path
+    if (p / "plan.json").is_file():
+        return str(p / "plan.json")
+    raise EmbarkError.at(
+        path,
+        "a folder with no plan.json in it",
+        hint="give a spec (.embark), a plan (.json) or a folder `embarkc compile` wrote",
+    )
+
+
 def is_plan_file(path: str | Path) -> bool:
     """Whether a command's input is a plan (a .json file, or one whose text starts with
     `{`, which no spec does) rather than a spec."""

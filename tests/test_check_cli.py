@@ -303,3 +303,33 @@ def test_an_estimate_without_some_ranks_is_rejected(planned, capsys) -> None:
     capsys.readouterr()
     assert main(["check", str(path)]) == 2
     assert "estimate.per_rank lists 2 of the 4 ranks" in capsys.readouterr().err
+
+
+def test_a_compiled_folder_stands_for_its_plan_in_every_command(planned, capsys) -> None:
+    """check, simulate, diff, report and compile --plan take the folder `embarkc compile`
+    wrote for its plan.json; a folder without one is named, with what to give instead."""
+    spec, _ = planned
+    assert main(["compile", "tiny.embark", "--solver", "greedy", "-q", "-o", "out"]) == 0
+    capsys.readouterr()
+    assert main(["check", "out"]) == 0
+    assert capsys.readouterr().out.startswith("out/plan.json: ok\n")
+    assert main(["simulate", "out", "--batches", "1"]) == 0
+    capsys.readouterr()
+    assert main(["diff", "out", "plan.json"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "A: out/plan.json"
+    assert main(["report", "out", "-o", "r.html"]) == 0
+    assert main(["compile", "tiny.embark", "--plan", "out", "-o", "out", "-q"]) == 0
+    Path("empty").mkdir()
+    capsys.readouterr()
+    for command in (
+        ["check", "empty"],
+        ["simulate", "empty"],
+        ["diff", "empty", "out"],
+        ["report", "empty", "-o", "r.html"],
+        ["compile", "tiny.embark", "--plan", "empty", "-o", "x"],
+    ):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith("empty: error: a folder with no plan.json in it"), (command, err)
+        assert "a folder `embarkc compile` wrote" in err
+    assert not Path("x").exists()

@@ -30,7 +30,10 @@ HELP = "validate specs or plans and print a summary (tables, parameters, memory,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "specs", nargs="+", metavar="SPEC|PLAN", help="spec files (.embark) or plans (.json)"
+        "specs",
+        nargs="+",
+        metavar="SPEC|PLAN",
+        help="spec files (.embark) or plans (.json, or folders compiled into)",
     )
     p.add_argument(
         "--dump",
@@ -95,7 +98,7 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import PlanError
-    from embarkc.frontend import dump_ast, dump_ir, is_plan_file, load_program
+    from embarkc.frontend import dump_ast, dump_ir, is_plan_file, load_program, plan_in_folder
 
     several = len(args.specs) > 1
     if args.dump == "ast" and several:
@@ -106,7 +109,13 @@ def run(args: argparse.Namespace) -> int:
         )
     irs: dict[str, Any] = {}
     status = EXIT_OK
-    for spec in args.specs:
+    for given in args.specs:
+        try:
+            spec = plan_in_folder(given)
+        except EmbarkError as e:
+            print(e.render(), file=sys.stderr)
+            status = EXIT_USER_ERROR
+            continue
         if not Path(spec).exists():
             what = {".json": "plan file", ".embark": "spec file"}.get(Path(spec).suffix, "file")
             print(EmbarkError.at(spec, f"no such {what}").render(), file=sys.stderr)

@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--plan",
         metavar="PLAN",
         help="compile this plan of the spec (a plan.json, e.g. one reviewed with `embarkc "
-        "diff`) instead of planning; it is checked against the spec first",
+        "diff`, or a folder compiled into) instead of planning; it is checked against the "
+        "spec first",
     )
     p.add_argument(
         "--dump", choices=("ast", "ir", "plan"), help="print this stage on stdout and stop"
@@ -83,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
         )
     check_planner_options(args, spec)
     if args.plan is not None:
+        from embarkc.frontend import plan_in_folder
+
+        args.plan = plan_in_folder(args.plan)  # a folder compiled into: its plan.json
         given = [
             f"--{name.replace('_', '-')}"
             for name in ("strategy", "solver", "time_limit", "seed")

@@ -9,8 +9,12 @@ HELP = "compare two plans (or specs, planned on the fly): step time, memory, pla
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", metavar="A", help="the old plan file (plan.json) or spec")
-    p.add_argument("b", metavar="B", help="the new plan file or spec")
+    p.add_argument(
+        "a",
+        metavar="A",
+        help="the old plan file (plan.json, or a folder compiled into) or spec",
+    )
+    p.add_argument("b", metavar="B", help="the new plan file (or folder) or spec")
     p.add_argument(
         "--format",
         choices=("terminal", "md", "json"),

@@ -9,7 +9,11 @@ HELP = "draw a plan (or a spec, planned on the fly) as an HTML page or a PNG/SVG
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", metavar="PLAN|SPEC", help="a plan file (plan.json) or a spec")
+    p.add_argument(
+        "input",
+        metavar="PLAN|SPEC",
+        help="a plan file (plan.json, or a folder compiled into) or a spec",
+    )
     p.add_argument(
         "-o",
         "--output",

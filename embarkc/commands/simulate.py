@@ -30,7 +30,11 @@ SHOWN_RANKS = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="SPEC|PLAN", help="a spec (.embark) or a plan (.json)")
+    p.add_argument(
+        "target",
+        metavar="SPEC|PLAN",
+        help="a spec (.embark) or a plan (.json, or a folder compiled into)",
+    )
     p.add_argument(
         "--batches",
         type=int,
@@ -48,10 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_target(args: argparse.Namespace) -> Any:
     """The plan to simulate: loaded from a plan file, or planned from a spec."""
     from embarkc.diagnostics import EmbarkError
+    from embarkc.frontend import is_plan_file, plan_in_folder
 
+    args.target = plan_in_folder(args.target)
     if not Path(args.target).exists():
         raise EmbarkError.at(args.target, "no such file")
-    from embarkc.frontend import is_plan_file
 
     if is_plan_file(args.target):
         from embark_runtime.plan import load_plan
