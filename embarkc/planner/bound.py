@@ -213,11 +213,13 @@ def least_memory(cm: CostModel) -> float:
     to the buffers, a column split the keys per cell (and rowwise_adagrad's row state per
     cell); a dp table is one replica on every GPU. From the options the bound costs
     (`_unit_options`), costed aside when the bound has not costed them yet."""
-    total = 0.0
-    for _, per_table in _unit_options(cm, keep=False):
-        for opts in per_table:
-            total += min(held for _, _, _, held in opts)
-    return total / cm.W
+    if cm.least_held is None:
+        total = 0.0
+        for _, per_table in _unit_options(cm, keep=False):
+            for opts in per_table:
+                total += min(held for _, _, _, held in opts)
+        cm.least_held = total / cm.W
+    return cm.least_held
 
 
 def bound_categories(cm: CostModel) -> dict[str, str]:

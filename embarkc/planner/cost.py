@@ -477,6 +477,8 @@ class CostModel:
         self._grid: dict[tuple[Any, ...], CellValues] = {}
         self.unit_cache: dict[tuple[Any, ...], Any] = {}
         """The search's cell loads, memory and templates per (unit, grid decision)."""
+        self.least_held: float | None = None
+        """`bound.least_memory`, once computed (a refusal's message, at each start)."""
         self.bound_options: Any = None
         """Each unit's options as the lower bound costs them (`bound._unit_options`), kept
         for the bound's second use: the greedy's bound start, then the plan's bound."""

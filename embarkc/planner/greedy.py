@@ -1925,7 +1925,7 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
         f"no placement fits in {cm.W} GPU{'s' if cm.W != 1 else ''} of "
         f"{format_bytes(cm.capacity)}: the tables with the buffers of their communication "
         f"need at least {format_bytes(least)} a GPU on average "
-        f"({100 * least / cm.capacity:.0f} % of it); the largest sharded table group "
+        f"({100 * least / cm.capacity:.1f} % of it); the largest sharded table group "
         f"({', '.join(biggest.tables[:3])}) needs {format_bytes(unit_bytes(cm, biggest))}, "
         f"the sharded tables {format_bytes(total)} ({format_bytes(total / cm.W)} per GPU)"
         f"{copies}, and the shard constraints or the buffers every GPU holds leave no room "
