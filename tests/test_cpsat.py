@@ -666,3 +666,33 @@ def test_grown_neighbourhoods_free_more_ranks_and_units():
     # more units join, re-decided (all their cells inside) or movable (some inside)
     assert len(large[1]) >= len(small[1])
     assert len(large[1]) + len(large[2]) > len(small[1]) + len(small[2])
+
+
+def test_a_grid_option_of_one_row_shard_keeps_the_specs_hierarchical_rb():
+    """Found by hypothesis: under `communication hierarchical` a neighbourhood's options
+    gave an rb unit of one row shard flat communication, and the refined plan broke the
+    spec's rule (the checker's `communication`). One row shard has no partials to reduce,
+    so flat is its default under `auto` only."""
+    from embarkc.frontend import load_program_text
+    from embarkc.planner.cpsat import grid_options
+    from embarkc.planner.greedy import units_of
+    from tests.conftest import small_hardware
+
+    def spec(mode: str) -> Program:
+        return load_program_text(
+            small_hardware(2, "1 MiB")
+            + "table t0 { rows 1 dim 4 optimizer sgd { lr 0.01 } hotness 1 access uniform }\n"
+            "table t1 { rows 1 dim 8 optimizer sgd { lr 0.01 } hotness 1 access uniform }\n"
+            "model { batch 128 dense_features 1 bottom_mlp [] interaction dot top_mlp [1] }\n"
+            f"plan {{ communication {mode} table t0 {{ cluster ub }} table t1 {{ cluster rb }} }}\n",
+            "h.embark",
+        )
+
+    for mode, want in (("hierarchical", "hierarchical"), ("flat", "flat"), ("auto", "flat")):
+        cm = CostModel(spec(mode))
+        unit = next(u for u in units_of(cm) if u.tables == ("t1",))
+        options = grid_options(cm, unit, Decision("rb", 1, 2, want), max_cells=8)
+        assert {o.comm for o in options if o.kind == "rb" and o.r == 1} == {want}, mode
+    # the whole command: the refined plan passes the checker (plan_program asserts it)
+    plan = plan_program(spec("hierarchical"), solver="cp-sat", time_limit=1.5, baselines=False)
+    assert {c.communication for c in plan.clusters if c.kind == "rb"} == {"hierarchical"}

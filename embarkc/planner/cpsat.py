@@ -391,7 +391,9 @@ def grid_options(cm: CostModel, u: Unit, d: Decision, max_cells: int) -> list[De
     ]
     for r, c in grids:
         if u.min_r <= r <= u.max_r and u.min_c <= c <= u.max_c and r * c <= max_cells:
-            comm = d.comm if r > 1 or d.kind == "ub" else "flat"
+            # one row shard has no partials to reduce in the node: flat, unless the spec
+            # asks every rb cluster to be hierarchical (what `default_comm` says)
+            comm = d.comm if r > 1 or d.kind == "ub" else default_comm(cm, "rb")
             out.append(Decision(d.kind, r, c, comm))
     for k in u.kinds:
         if k == "dp":
