@@ -182,3 +182,41 @@ def test_a_spec_whose_plan_breaks_a_bound_of_plan_files_is_refused_by_the_planne
     (d,) = e.value.diagnostics
     assert d.message.startswith("the plan of this spec breaks a bound of plan files (field")
     assert "step_time" in d.message and d.hint and "bandwidths" in d.hint
+
+
+NEAR_FULL = """hardware { preset dgx_h100 nodes 2 hbm 1538378445 B }
+model { batch 16384 }
+table t0 { rows 30753 dim 32 hotness 41 optimizer sgd pooling sum access zipf(1.28) }
+table t1 { rows 2966 dim 32 hotness 2 optimizer adam pooling mean access zipf(1.2) }
+table t2 { rows 7589864 dim 256 hotness 3 optimizer adam pooling sum access zipf(1.2) }
+table t3 { rows 69679 dim 128 hotness 8 optimizer adagrad pooling mean access zipf(1.29) }
+table t4 { rows 7549135 dim 16 hotness 2 optimizer sgd pooling sum access zipf(1.09) }
+"""
+"""Seed 104 of bench/plan_time_fuzz.py: 5 tables at 97 % of 16 GPUs' memory, refused."""
+
+
+def test_a_limit_that_ends_before_any_start_fits_says_so_and_what_is_left() -> None:
+    """Starts that find no room are not search work; trying them is held to the greedy's
+    budget all the same (`greedy.placing_seconds`): 200 tables at 97 % took 6.5 s to be
+    refused at a 3 s limit. A short limit refuses after the starts its budget allows and
+    says that a longer one tries the rest; a long one tries every start."""
+    import re
+
+    import pytest
+
+    from embarkc.diagnostics import EmbarkError
+
+    program = load_program_text(NEAR_FULL, "near_full.embark")
+    with pytest.raises(EmbarkError) as e:
+        plan_program(program, time_limit=1.0, baselines=False)
+    d = e.value.diagnostics[0]
+    m = re.match(r"the time limit ended the search after (\d+) of its (\d+) starts", d.message)
+    assert m, d.message
+    tried, starts = int(m[1]), int(m[2])
+    assert 1 <= tried < starts
+    assert "none of them fits; the last one: no placement fits in 16 GPUs" in d.message
+    assert d.hint is not None
+    assert d.hint.startswith(f"a longer --time-limit tries the {starts - tried} other starts; ")
+    with pytest.raises(EmbarkError) as e:
+        plan_program(program, time_limit=30.0, baselines=False)
+    assert e.value.diagnostics[0].message.startswith("no placement fits in 16 GPUs")

@@ -490,6 +490,9 @@ class CostModel:
         deterministic count of work (`greedy.work_seconds`)."""
         self.additions = 0
         """`RankState.add_cells` calls on this model."""
+        self.placed = 0
+        """Units and cells `greedy.Search.place_all` placed (or tried to) on this model:
+        what the starts that find no room cost (`greedy.placing_seconds`)."""
         self.work_deadline = math.inf
         """The search's work (`greedy.work_seconds`) at which its optional passes stop (a
         time limit the greedy would otherwise overrun; none by default)."""

@@ -175,6 +175,12 @@ layouts and 3.372 -> 3.279 ms (step 3.112 -> 3.107) within 16,000, in 1.3 s of C
 PHASE_EVALS_LARGE = 4000
 """The same for larger programs (planning time: T510 on 128 GPUs, one pass in 0.55 s)."""
 
+SECONDS_PER_PLACED = 7e-6
+"""CPU seconds per unit or cell `Search.place_all` places (`CostModel.placed`; measured
+5-9 us on generated programs of 200 tables at 97 % of their GPUs' memory, whose every
+start finds no room, bench/results_planner.md 2026-12-04). Not search work: it bounds
+only the time spent on starts while none has fit (`_greedy`)."""
+
 SECONDS_PER_EVALUATION = 133e-6
 SECONDS_PER_EVALUATION_RANK = 0.35e-6
 SECONDS_PER_ADDITION = 168e-6
@@ -709,6 +715,7 @@ class Search:
                 cells.append((-x, si, ci))
         cells.sort()
         cm = self.cm
+        cm.placed += len(self.units) + len(cells)
         # every rank holds every sharded unit's requester buffers
         buffers = sum(v[3] for v in prepared.values())
         if prepared and not self._room_everywhere(buffers):
@@ -1335,6 +1342,12 @@ def work_seconds(cm: CostModel) -> float:
     return cm.evaluations * per_eval + cm.additions * SECONDS_PER_ADDITION
 
 
+def placing_seconds(cm: CostModel) -> float:
+    """CPU seconds of the development machine that `Search.place_all` took on `cm` so
+    far (SECONDS_PER_PLACED): a deterministic count, the same on every machine."""
+    return cm.placed * SECONDS_PER_PLACED
+
+
 def out_of_work(cm: CostModel) -> bool:
     """Whether the search has done the work `cm.work_deadline` allows."""
     return cm.work_deadline != math.inf and work_seconds(cm) >= cm.work_deadline
@@ -1485,10 +1498,16 @@ def _greedy(
     best: tuple[float, Layout, dict[str, Decision]] | None = None
     stopped = first_cut = overran = False
     deadline = cm.work_deadline
+    refused: EmbarkError | None = None
     for i, (decisions, exact_ref) in enumerate(runs):
         if i > 0 and best is not None and work_seconds(cm) >= runs_until:
             stopped = True
             break  # the time limit: the rest is for the rebalance and the phase passes
+        if refused is not None and work_seconds(cm) + placing_seconds(cm) >= deadline:
+            # no start has fit, and trying them has taken the greedy's whole budget: the
+            # last start's refusal, with the starts left untried (near the memory's end a
+            # start can take seconds to fail: 200 tables at 97 % took 6 s at a 3 s limit)
+            raise _cut_refusal(refused, i, len(runs)) from None
         if best is not None:
             # the later starts' descents stop where no further start may begin
             cm.work_deadline = min(deadline, runs_until)
@@ -1496,9 +1515,10 @@ def _greedy(
         search = Search(cm, units, progress, exact_ref, comm)
         try:
             decisions = _place_splitting(search, decisions)
-        except EmbarkError:
+        except EmbarkError as e:
             if best is None and i == len(runs) - 1:
                 raise
+            refused = e if best is None else None
             continue
         found = _descend(search, limit)
         if best is None:
@@ -1536,6 +1556,20 @@ def _greedy(
     work = work_seconds(cm) - start_work
     stopped = stopped or out_of_work(cm)
     return GreedyResult(best[1], best[0], best[2], units, work, phase_work, stopped, first_cut)
+
+
+def _cut_refusal(refused: EmbarkError, tried: int, starts: int) -> EmbarkError:
+    """`refused` (the last start's), saying that the time limit left starts untried."""
+    first, *rest = refused.diagnostics
+    untried = starts - tried
+    message = (
+        f"the time limit ended the search after {tried} of its {starts} starts, and none of "
+        f"them fits; the last one: {first.message}"
+    )
+    hint = f"a longer --time-limit tries the {untried} other start{'s' if untried != 1 else ''}" + (
+        f"; {first.hint}" if first.hint else ""
+    )
+    return EmbarkError([replace(first, message=message, hint=hint), *rest], refused.sources)
 
 
 def _rebalanced(
