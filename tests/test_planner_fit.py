@@ -220,3 +220,30 @@ def test_a_limit_that_ends_before_any_start_fits_says_so_and_what_is_left() -> N
     with pytest.raises(EmbarkError) as e:
         plan_program(program, time_limit=30.0, baselines=False)
     assert e.value.diagnostics[0].message.startswith("no placement fits in 16 GPUs")
+
+
+def test_a_start_that_fits_after_one_that_did_not_is_kept_whatever_the_placing(
+    monkeypatch,
+) -> None:
+    """The cut of `test_a_limit_that_ends_before_any_start_fits...` holds only while no
+    start has fit: here the first start finds no room, the second fits, and then the
+    placing count passes the budget; the search goes on and returns a plan."""
+    from pathlib import Path
+
+    import embarkc.planner.greedy as greedy_mod
+
+    calls = {"n": 0}
+    place = greedy_mod._place_splitting
+
+    def first_fails(search, decisions):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise greedy_mod.EmbarkError.at("x.embark", "no placement fits (made up)")
+        return place(search, decisions)
+
+    monkeypatch.setattr(greedy_mod, "_place_splitting", first_fails)
+    monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9 if calls["n"] >= 2 else 0.0)
+    tiny = Path(__file__).resolve().parent.parent / "specs" / "tiny.embark"
+    program = load_program_text(tiny.read_text(), str(tiny))
+    plan = plan_program(program, solver="greedy", time_limit=30.0, baselines=False)
+    assert calls["n"] > 2 and plan.estimate.step_time > 0

@@ -1503,7 +1503,11 @@ def _greedy(
         if i > 0 and best is not None and work_seconds(cm) >= runs_until:
             stopped = True
             break  # the time limit: the rest is for the rebalance and the phase passes
-        if refused is not None and work_seconds(cm) + placing_seconds(cm) >= deadline:
+        if (
+            best is None
+            and refused is not None
+            and (work_seconds(cm) + placing_seconds(cm) >= deadline)
+        ):
             # no start has fit, and trying them has taken the greedy's whole budget: the
             # last start's refusal, with the starts left untried (near the memory's end a
             # start can take seconds to fail: 200 tables at 97 % took 6 s at a 3 s limit)
@@ -1518,7 +1522,7 @@ def _greedy(
         except EmbarkError as e:
             if best is None and i == len(runs) - 1:
                 raise
-            refused = e if best is None else None
+            refused = e
             continue
         found = _descend(search, limit)
         if best is None:
