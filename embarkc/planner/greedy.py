@@ -175,10 +175,12 @@ layouts and 3.372 -> 3.279 ms (step 3.112 -> 3.107) within 16,000, in 1.3 s of C
 PHASE_EVALS_LARGE = 4000
 """The same for larger programs (planning time: T510 on 128 GPUs, one pass in 0.55 s)."""
 
-SECONDS_PER_PLACED = 7e-6
-"""CPU seconds per unit or cell `Search.place_all` places (`CostModel.placed`; measured
-5-9 us on generated programs of 200 tables at 97 % of their GPUs' memory, whose every
-start finds no room, bench/results_planner.md 2026-12-04). Not search work: it bounds
+SECONDS_PER_PLACED = 2e-6
+SECONDS_PER_PLACED_RANK = 0.09e-6
+"""CPU seconds per unit or cell `Search.place_all` places (`CostModel.placed`), the first
+plus the second per rank: measured 4.4-6.7 us on 64 GPUs and 8-13 us on 128 on generated
+programs of 200 tables at 97 % of their GPUs' memory, whose every start finds no room
+(bench/results_planner.md, 2026-12-04; taken at the high end). Not search work: it bounds
 only the time spent on starts while none has fit (`_greedy`)."""
 
 SECONDS_PER_EVALUATION = 133e-6
@@ -1345,7 +1347,7 @@ def work_seconds(cm: CostModel) -> float:
 def placing_seconds(cm: CostModel) -> float:
     """CPU seconds of the development machine that `Search.place_all` took on `cm` so
     far (SECONDS_PER_PLACED): a deterministic count, the same on every machine."""
-    return cm.placed * SECONDS_PER_PLACED
+    return cm.placed * (SECONDS_PER_PLACED + SECONDS_PER_PLACED_RANK * cm.W)
 
 
 def out_of_work(cm: CostModel) -> bool:
