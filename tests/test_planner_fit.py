@@ -208,7 +208,7 @@ def test_a_limit_that_ends_before_any_start_fits_says_so_and_what_is_left() -> N
 
     program = load_program_text(NEAR_FULL, "near_full.embark")
     with pytest.raises(EmbarkError) as e:
-        plan_program(program, time_limit=1.0, baselines=False)
+        plan_program(program, time_limit=0.7, baselines=False)
     d = e.value.diagnostics[0]
     m = re.match(r"the time limit ended the search after (\d+) of its (\d+) starts", d.message)
     assert m, d.message
