@@ -235,11 +235,11 @@ def test_a_start_that_fits_after_one_that_did_not_is_kept_whatever_the_placing(
     calls = {"n": 0}
     place = greedy_mod._place_splitting
 
-    def first_fails(search, decisions):  # type: ignore[no-untyped-def]
+    def first_fails(search, decisions, deadline=None):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
             raise greedy_mod.EmbarkError.at("x.embark", "no placement fits (made up)")
-        return place(search, decisions)
+        return place(search, decisions, deadline)
 
     monkeypatch.setattr(greedy_mod, "_place_splitting", first_fails)
     monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9 if calls["n"] >= 2 else 0.0)
@@ -247,3 +247,34 @@ def test_a_start_that_fits_after_one_that_did_not_is_kept_whatever_the_placing(
     program = load_program_text(tiny.read_text(), str(tiny))
     plan = plan_program(program, solver="greedy", time_limit=30.0, baselines=False)
     assert calls["n"] > 2 and plan.estimate.step_time > 0
+
+
+def test_a_start_stops_splitting_at_the_budget_while_none_has_fit(monkeypatch) -> None:
+    """A start can take seconds to fail on its own (it places every cell again for each
+    split): while none has fit, it gives up at the greedy's budget too. With the placing
+    counted as past any budget, the first start gives up at its first miss, and the
+    refusal says 1 start was tried; a cut last start says a longer limit lets it split
+    further."""
+    import pytest
+
+    import embarkc.planner.greedy as greedy_mod
+    from embarkc.diagnostics import EmbarkError
+
+    program = load_program_text(NEAR_FULL, "near_full.embark")
+    monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9)
+    placings = {"n": 0}
+    place_all = greedy_mod.Search.place_all
+
+    def counted(self, decisions):  # type: ignore[no-untyped-def]
+        placings["n"] += 1
+        return place_all(self, decisions)
+
+    monkeypatch.setattr(greedy_mod.Search, "place_all", counted)
+    with pytest.raises(EmbarkError) as e:
+        plan_program(program, time_limit=30.0, baselines=False)
+    assert e.value.diagnostics[0].message.startswith("the time limit ended the search after 1 of")
+    assert placings["n"] == 1  # the first start's first try, and no split after it
+    last = greedy_mod._cut_refusal(EmbarkError.at("x.embark", "no placement fits"), 4, 4)
+    d = last.diagnostics[0]
+    assert d.message.startswith("the time limit ended the search after 4 of its 4 starts")
+    assert d.hint == "a longer --time-limit lets the last start split its tables further"

@@ -558,6 +558,8 @@ class Search:
         self.by_name = {u.name: u for u in units}
         self.progress = progress
         self.comm_mode = cm.program.options.communication
+        self.cut_short = False
+        """`_place_splitting` gave up at its deadline (no start had fit yet)."""
         self.reset()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -1520,9 +1522,12 @@ def _greedy(
         comm = next((x.comm for x in decisions.values() if x.kind == "ub"), ub_comm)
         search = Search(cm, units, progress, exact_ref, comm)
         try:
-            decisions = _place_splitting(search, decisions)
+            # while none has fit, a start also stops splitting at the greedy's budget
+            decisions = _place_splitting(search, decisions, deadline if best is None else None)
         except EmbarkError as e:
             if best is None and i == len(runs) - 1:
+                if search.cut_short:
+                    raise _cut_refusal(e, len(runs), len(runs)) from None
                 raise
             refused = e
             continue
@@ -1565,16 +1570,20 @@ def _greedy(
 
 
 def _cut_refusal(refused: EmbarkError, tried: int, starts: int) -> EmbarkError:
-    """`refused` (the last start's), saying that the time limit left starts untried."""
+    """`refused` (the last start's), saying that the time limit left starts untried, or
+    cut the last one short (`tried == starts`)."""
     first, *rest = refused.diagnostics
     untried = starts - tried
     message = (
         f"the time limit ended the search after {tried} of its {starts} starts, and none of "
         f"them fits; the last one: {first.message}"
     )
-    hint = f"a longer --time-limit tries the {untried} other start{'s' if untried != 1 else ''}" + (
-        f"; {first.hint}" if first.hint else ""
+    longer = (
+        f"a longer --time-limit tries the {untried} other start{'s' if untried != 1 else ''}"
+        if untried
+        else "a longer --time-limit lets the last start split its tables further"
     )
+    hint = longer + (f"; {first.hint}" if first.hint else "")
     return EmbarkError([replace(first, message=message, hint=hint), *rest], refused.sources)
 
 
@@ -1914,8 +1923,12 @@ def _split_helps(search: Search, u: Unit, d: Decision) -> bool:
     return biggest > FINE_CELL_SHARE * search.cm.capacity and float(finer.max()) <= 0.75 * biggest
 
 
-def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str, Decision]:
-    """place_all, splitting rows of a unit that finds no room until everything fits."""
+def _place_splitting(
+    search: Search, decisions: dict[str, Decision], deadline: float | None = None
+) -> dict[str, Decision]:
+    """place_all, splitting rows of a unit that finds no room until everything fits; with
+    a `deadline`, giving up (`search.cut_short`) once the search's work and the placing
+    reach it."""
     cm = search.cm
     replicated: set[str] = set()  # units already tried as dp
     for _ in range(64):
@@ -1923,6 +1936,9 @@ def _place_splitting(search: Search, decisions: dict[str, Decision]) -> dict[str
             search.place_all(decisions)
             return decisions
         except NoRoom as e:
+            if deadline is not None and work_seconds(cm) + placing_seconds(cm) >= deadline:
+                search.cut_short = True
+                break
             u = e.unit
             d = decisions[u.name]
             if d.kind == "dp":
