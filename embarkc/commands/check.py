@@ -178,16 +178,12 @@ def _check_plan_file(path: str) -> None:
     """Validate the plan at `path` (EmbarkError or PlanError naming the broken rule) and
     print its summary."""
     from embark_runtime.plan import load_plan
-    from embarkc.planner import layout_is_stale, stale_reason, warn_ignored_constraints
-    from embarkc.planner.check import check_plan
+    from embarkc.planner import check_against_spec, layout_is_stale, stale_reason
 
     plan = load_plan(path)
     program, against = _spec_of_plan(plan, path)
     if program is not None:
-        fixed = plan.planner.strategy not in ("embark", "greedy")
-        check_plan(program, plan, path, constraints=not fixed)
-        if fixed:
-            warn_ignored_constraints(program, plan)
+        check_against_spec(program, plan, path)
     # (edited figures of an unchanged layout: check_plan's estimate warning names each)
     if layout_is_stale(plan):
         why = stale_reason(plan)

@@ -174,8 +174,7 @@ def _given_plan(program: Any, path: str) -> Any:
     against `program` (an EmbarkError or PlanError names the broken ones), as the plan of
     `program`'s spec; its estimate re-costed when it no longer costs the layout."""
     from embark_runtime.plan import load_plan
-    from embarkc.planner import adopt_plan, stale_reason, warn_ignored_constraints
-    from embarkc.planner.check import check_plan
+    from embarkc.planner import adopt_plan, check_against_spec, layout_is_stale, stale_reason
     from embarkc.syntax import looks_like_json
 
     if not Path(path).is_file():
@@ -194,17 +193,12 @@ def _given_plan(program: Any, path: str) -> Any:
             "first: `embarkc compile SPEC --plan PLAN -o DIR`",
         )
     plan = load_plan(path)
-    # a fixed strategy's plan ignores the spec's placement constraints by design: they
-    # are warnings then, as `embarkc check` says them
-    fixed = plan.planner.strategy not in ("embark", "greedy")
     try:
-        check_plan(program, plan, path, constraints=not fixed, estimate=False)
+        check_against_spec(program, plan, path, estimate=False)
     except EmbarkError as e:
         raise _of_another_spec(program, plan, path, e) from None
-    if fixed:
-        warn_ignored_constraints(program, plan)
     why = stale_reason(plan)
-    if why is None and (plan.estimate.model_extra or {}).get("layout_sha256") is None:
+    if why is None and layout_is_stale(plan) is None:
         why = "its estimate does not say which layout it costs (another tool's plan)"
     if why is not None:
         print(

@@ -1352,6 +1352,12 @@ def placing_seconds(cm: CostModel) -> float:
     return cm.placed * (SECONDS_PER_PLACED + SECONDS_PER_PLACED_RANK * cm.W)
 
 
+def placed_past(cm: CostModel, deadline: float) -> bool:
+    """Whether the search's work and `Search.place_all`'s placing on `cm` together
+    reach `deadline` (the greedy's budget, while no start has fit)."""
+    return work_seconds(cm) + placing_seconds(cm) >= deadline
+
+
 def out_of_work(cm: CostModel) -> bool:
     """Whether the search has done the work `cm.work_deadline` allows."""
     return cm.work_deadline != math.inf and work_seconds(cm) >= cm.work_deadline
@@ -1507,11 +1513,7 @@ def _greedy(
         if i > 0 and best is not None and work_seconds(cm) >= runs_until:
             stopped = True
             break  # the time limit: the rest is for the rebalance and the phase passes
-        if (
-            best is None
-            and refused is not None
-            and (work_seconds(cm) + placing_seconds(cm) >= deadline)
-        ):
+        if best is None and refused is not None and placed_past(cm, deadline):
             # no start has fit, and trying them has taken the greedy's whole budget: the
             # last start's refusal, with the starts left untried (near the memory's end a
             # start can take seconds to fail: 200 tables at 97 % took 6 s at a 3 s limit)
@@ -1936,7 +1938,7 @@ def _place_splitting(
             search.place_all(decisions)
             return decisions
         except NoRoom as e:
-            if deadline is not None and work_seconds(cm) + placing_seconds(cm) >= deadline:
+            if deadline is not None and placed_past(cm, deadline):
                 search.cut_short = True
                 break
             u = e.unit
