@@ -133,6 +133,7 @@ def _parts(plan: Any, rc: Any, judge: Judge, window: float | None) -> _Parts:
     bw_n = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY * judge.network
     a2a = sum(1 for c in plan.clusters if c.kind != "dp")
     hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
+    hier = hier if topo.nodes > 1 else 0  # hierarchical rb: flat rb on one node
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
     # hierarchical ub: flat ub on one node
     hub = sum(1 for c in plan.clusters if c.kind == "ub" and c.communication == "hierarchical")

@@ -708,7 +708,10 @@ def step_time_of(
         return nbytes / (intra_bw if lk == "intra" else inter_bw)
 
     a2a = sum(1 for c in plan.clusters if c.kind != "dp")
+    # hierarchical rb's reduce inside the node is a step of its own on several nodes only
+    # (on one node the trainer runs it flat), as hub is
     hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
+    hier = hier if topo.nodes > 1 else 0
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
     hub = hierarchical_ub_clusters(plan)
     dp = int(any(c.kind == "dp" for c in plan.clusters))

@@ -1045,7 +1045,10 @@ class RankState:
         keys = self.key_seconds(lk)
         distributor = cm.keys_beyond_window(keys) + (a2a + hub) * cm.collective_latency
         (rs_i, rr_i), (rs_n, rr_n) = lk["res_intra"], lk["res_inter"]
-        res_lat = (2 * a2a + 2 * int(c["rb_hier"] > 0) + 2 * hub) * cm.collective_latency
+        # hierarchical rb's reduce inside the node is a step of its own on several nodes;
+        # on one node the trainer runs it flat (embark_runtime.clusters)
+        rb_hier = int(c["rb_hier"] > 0 and cm.nodes > 1)
+        res_lat = (2 * a2a + 2 * rb_hier + 2 * hub) * cm.collective_latency
         nvlink = 2.0 * np.maximum(rs_i, rr_i) / cm.bw_intra
         network = 2.0 * np.maximum(rs_n, rr_n) / cm.bw_inter
         if cm.nodes > 1:
