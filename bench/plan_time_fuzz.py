@@ -7,9 +7,12 @@ H100s whose HBM the tables' weights and state fill to about 30, 70, 90 or 97 %, 
 communication auto, flat or hierarchical, and plans it as `embarkc plan` does
 (`plan_program`, cp-sat) at `--limit` seconds. Prints a markdown table of the planner's
 CPU seconds in this process (the command adds Python's start and the spec's parse),
-flagging those above 1.5x the limit, with the plan's step time or the refusal. It looks
-for specs on which the deterministic work budgets miss the wall clock by far (what
-bench/results_planner.md records).
+flagging those above 1.5x the limit, with the plan's step time or the refusal, the
+fastest fixed strategy where the limit left room to cost them, and whether the search
+went on from a fixed strategy's layout (`planner.fixed_start`) or kept one
+(`planner.fixed_strategy`). It looks for specs on which the deterministic work budgets
+miss the wall clock by far (what bench/results_planner.md records), and for specs on
+which the search's own starts lose to a fixed strategy.
 """
 
 from __future__ import annotations
@@ -76,6 +79,14 @@ def main() -> None:
         try:
             plan = plan_program(program, time_limit=args.limit)
             result = f"{plan.estimate.step_time * 1e3:.3f} ms ({plan.planner.status})"
+            extra = plan.planner.model_extra or {}
+            if fixed := extra.get("baselines"):
+                name, t = min(fixed.items(), key=lambda kv: (kv[1], kv[0]))
+                result += f"; best fixed {name} {t * 1e3:.3f} ms"
+            if start := extra.get("fixed_start"):
+                result += f"; searched on from {start}"
+            if kept := extra.get("fixed_strategy"):
+                result += f"; the plan is {kept}"
         except EmbarkError as e:
             result = "refused: " + e.diagnostics[0].message[:70] + " ..."
         cpu = time.process_time() - cpu

@@ -306,9 +306,9 @@ def test_the_rest_of_the_command_counts_each_distinct_table_signature(monkeypatc
     budgets: list[float | None] = []
     real = greedy_mod.greedy
 
-    def spy(cm, progress=None, max_iterations=None, budget=None):  # type: ignore[no-untyped-def]
+    def spy(cm, progress=None, max_iterations=None, budget=None, fixed=None):  # type: ignore[no-untyped-def]
         budgets.append(budget)
-        return real(cm, progress, max_iterations, budget)
+        return real(cm, progress, max_iterations, budget, fixed)
 
     monkeypatch.setattr(greedy_mod, "greedy", spy)
     many = generated_program(60, 2, 8)
@@ -344,20 +344,42 @@ def test_the_baselines_time_is_reserved_whether_or_not_the_caller_records_them()
     assert a.shards == b.shards and a.clusters == b.clusters
 
 
-def test_a_search_cut_in_its_first_start_says_so_and_keeps_a_faster_fixed_strategy(
-    tmp_path, capsys, monkeypatch
+def test_a_search_cut_in_its_first_start_says_so_and_goes_on_from_a_faster_fixed_strategy(
+    monkeypatch,
 ):
     """DCNv2 on 16 x 8 GPUs. At 0.7 s the limit cuts the greedy in its first start
-    (1.166 ms), slower than column-wise (1.102 ms), whose time was reserved: the plan is
-    column-wise, says so, passes the checker, and is the same whether or not the caller
-    records the baselines. At 0.5 s the baselines do not fit and the cut plan stays.
-    (With the baselines' time counted per table alone, as before their heads were: the
-    heads' 0.08 s no longer leaves them room at 0.7 s, and at the limits where they fit
-    the search beats column-wise by itself.)"""
+    (1.166 ms), slower than column-wise (1.102 ms), whose time was reserved: the greedy
+    takes column-wise's layout up as a start (`greedy.FixedStart`; the limit leaves it no
+    descent), and the plan says both. (With the baselines' time counted per table alone,
+    as before their heads were: the heads' 0.08 s no longer leaves them room at 0.7 s.)"""
     import embarkc.planner as planner_mod
     from embarkc.planner.check import validate_plan
 
     monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
+    plan = plan_program(prog, solver="cp-sat", time_limit=0.7)
+    extra = plan.planner.model_extra or {}
+    assert extra["fixed_start"] == "column-wise" and "fixed_strategy" not in extra
+    assert plan.estimate.step_time <= extra["baselines"]["column-wise"] * (1 + 1e-9)
+    assert extra["greedy_step_time"] == pytest.approx(plan.estimate.step_time, rel=1e-9)
+    assert "cut the search in its first start" in plan.planner.message
+    assert "went on from the column-wise strategy's layout" in plan.planner.message
+    assert validate_plan(prog, plan) == []
+
+
+def test_a_search_cut_in_its_first_start_keeps_a_faster_fixed_strategy_it_cannot_take_up(
+    tmp_path, capsys, monkeypatch
+):
+    """As above, with the greedy unable to take column-wise's layout up (`_from_fixed`
+    made to say so): the plan is column-wise itself, says so, passes the checker, and is
+    the same whether or not the caller records the baselines. At 0.5 s the baselines do
+    not fit and the cut plan stays."""
+    import embarkc.planner as planner_mod
+    import embarkc.planner.greedy as greedy_mod
+    from embarkc.planner.check import validate_plan
+
+    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(greedy_mod, "_from_fixed", lambda *a: None)
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
     plan = plan_program(prog, solver="cp-sat", time_limit=0.7)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -26,7 +27,7 @@ from embarkc.planner.types import Layout
 
 if TYPE_CHECKING:
     from embarkc.planner.cost import CostModel
-    from embarkc.planner.greedy import GreedyResult
+    from embarkc.planner.greedy import FixedStart, GreedyResult
 
 __all__ = [
     "plan_program",
@@ -487,11 +488,16 @@ def no_refine_message(g: GreedyResult, time_limit: float, budget: float) -> str:
 
 def fixed_strategy_note(planner: Any) -> str:
     """What `embarkc check` and `report` say of a plan whose `planner` section records a
-    fixed strategy kept over the search (`planner.fixed_strategy`); "" for any other."""
-    fixed = (getattr(planner, "model_extra", None) or {}).get("fixed_strategy")
-    if not fixed:
-        return ""
-    return f"the plan is the fixed strategy {fixed} (faster than what the search found)"
+    fixed strategy kept over the search (`planner.fixed_strategy`) or searched on from
+    (`planner.fixed_start`); "" for any other."""
+    extra = getattr(planner, "model_extra", None) or {}
+    if fixed := extra.get("fixed_strategy"):
+        return f"the plan is the fixed strategy {fixed} (faster than what the search found)"
+    if start := extra.get("fixed_start"):
+        return (
+            f"searched on from the fixed strategy {start} (faster than the search's starts reached)"
+        )
+    return ""
 
 
 def _faster_fixed(
@@ -510,6 +516,30 @@ def _faster_fixed(
         if not validate_plan(program, plan):
             return name, candidate
     return None
+
+
+def fixed_start(program: Program, cm: CostModel, fixed: dict[str, float]) -> FixedStart:
+    """The fixed strategies (`fixed`: their step times) as starts of the greedy: a
+    strategy's layout is offered when its plan passes the checker with the spec's
+    constraints (on one node, with the communication the spec names)."""
+    from embarkc.planner.check import validate_plan
+    from embarkc.planner.greedy import FixedStart
+
+    def layout_of(name: str) -> Layout | None:
+        layout, plan = fixed_plan(program, cm, name)
+        mode = program.options.communication
+        if cm.nodes == 1 and mode != "auto":
+            # on one node the spec's communication costs as flat does (docs/language.md):
+            # the strategy's layout in the spec's word, the same step time
+            layout = {
+                t: p if p.kind == "dp" else replace(p, communication=mode)
+                for t, p in layout.items()
+            }
+            info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
+            plan = build_plan(program, layout, info, cm.evaluate_layout(layout))
+        return None if validate_plan(program, plan) else layout
+
+    return FixedStart(dict(fixed), layout_of)
 
 
 def fixed_plan(program: Program, cm: CostModel, name: str) -> tuple[Layout, Plan]:
@@ -581,7 +611,20 @@ def plan_program(
         # records them: the plan depends on the spec and the limit alone
         size = CommandSize.of(cm.facts)
         reserve = command_reserve(time_limit, *size)
-        g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve))
+        fixed: dict[str, float] | None = None
+        if baselines_fit(time_limit, *size):
+            # costed whether or not the caller records them (their time was reserved), so
+            # that the plan does not depend on it; the fastest the spec allows is also a
+            # start of the greedy
+            fixed = bl.baseline_times(cm)
+            if baselines:
+                info["baselines"] = fixed
+        g = greedy(
+            cm,
+            progress=progress,
+            budget=greedy_budget(time_limit, reserve),
+            fixed=fixed_start(program, cm, fixed) if fixed else None,
+        )
         layout = g.layout
         info.update(
             solver="greedy",
@@ -626,13 +669,12 @@ def plan_program(
                 f"of the command takes about {rest:.2g} s for {size.tables} tables): "
                 "the plan is barely searched; a longer limit searches it"
             )
-        fixed: dict[str, float] | None = None
-        if baselines_fit(time_limit, *size):
-            # costed whether or not the caller records them (their time was reserved), so
-            # that the plan below does not depend on it
-            fixed = bl.baseline_times(cm)
-            if baselines:
-                info["baselines"] = fixed
+        if g.from_fixed is not None:
+            info["fixed_start"] = g.from_fixed
+            info["message"] += (
+                f"; the greedy went on from the {g.from_fixed} strategy's layout, faster than "
+                "what its own starts reached"
+            )
         if fixed:
             # a search (cut short by its limit, above all) may end slower than a fixed
             # strategy: the plan is then the fastest fixed strategy the spec allows
