@@ -1410,10 +1410,10 @@ def greedy(
     `fixed`: the fixed strategies' step times and layouts (`FixedStart`). When the fastest
     that the spec's constraints allow is faster than every start's descent, or no start
     fits, the search takes its layout up and descends from it like a later start
-    (`_from_fixed`): the starts' grids placed
-    by the search can miss a layout as regular as the column-wise strategy's, whose every
-    rank carries the same share (16 ranks, four tables of 100M rows cut into 4 columns and
-    ten small ones: the starts end at 0.184 ms, column-wise is 0.170 ms).
+    (`_from_fixed`): the starts' grids placed by the search can miss a layout as regular
+    as the column-wise strategy's, whose every rank carries the same share (16 ranks,
+    four tables of 100M rows cut into 4 columns and ten small ones: the starts end at
+    0.184 ms, column-wise is 0.170 ms).
     """
     start_work = work_seconds(cm)
     if budget is None:
@@ -1713,12 +1713,12 @@ def kicked(
     of `Search.candidates` that fits: another grid, kind or communication, or the same
     grid re-placed), then descends and polishes as a start does; a faster plan by the
     full model (`fits_exactly`) whose critical path is no longer than the greedy plan's
-    becomes the one the next kick starts from. Stops after
-    KICK_PATIENCE kicks in a row without a faster plan, or at the budget, keeping room for
-    a phase pass (`balanced_phases`) on the plan it found. The moves of the search change
-    one unit at a time and take only what lowers the 16-norm; a kick crosses what no
-    single move does (a random spec of 5 tables on 8 x 8 GPUs: every table's kind at
-    once, two clusters into one, 0.723 -> 0.363 ms). Deterministic for a `seed`."""
+    becomes the one the next kick starts from. Stops after KICK_PATIENCE kicks in a row
+    without a faster plan, or at the budget, keeping room for a phase pass
+    (`balanced_phases`) on the plan it found. The moves of the search change one unit at
+    a time and take only what lowers the 16-norm; a kick crosses what no single move does
+    (a random spec of 5 tables on 8 x 8 GPUs: every table's kind at once, two clusters
+    into one, 0.723 -> 0.363 ms). Deterministic for a `seed`."""
     if budget <= 0 or cm.W == 1 or not g.units:
         return g
     start = work_seconds(cm)
