@@ -123,7 +123,7 @@ class _Parts:
 
 def _parts(plan: Any, rc: Any, judge: Judge, window: float | None) -> _Parts:
     from embarkc.planner import constants as C
-    from embarkc.simulate import key_window
+    from embarkc.simulate import hierarchical_rb_clusters, hierarchical_ub_clusters, key_window
 
     topo = plan.topology
     many = topo.world_size > 1
@@ -132,12 +132,9 @@ def _parts(plan: Any, rc: Any, judge: Judge, window: float | None) -> _Parts:
     bw_i = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY * judge.nvlink
     bw_n = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY * judge.network
     a2a = sum(1 for c in plan.clusters if c.kind != "dp")
-    hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
-    hier = hier if topo.nodes > 1 else 0  # hierarchical rb: flat rb on one node
+    hier = hierarchical_rb_clusters(plan)  # flat rb on one node
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
-    # hierarchical ub: flat ub on one node
-    hub = sum(1 for c in plan.clusters if c.kind == "ub" and c.communication == "hierarchical")
-    hub = hub if topo.nodes > 1 else 0
+    hub = hierarchical_ub_clusters(plan)  # flat ub on one node
     dp = int(any(c.kind == "dp" for c in plan.clusters))
     call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if topo.nodes > 1 else 0.0)
     call *= judge.latency

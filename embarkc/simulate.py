@@ -673,6 +673,15 @@ def ring_seconds(plan: Plan, sent: dict[str, np.ndarray]) -> float:
     return float(hops.max()) if len(hops) else 0.0
 
 
+def hierarchical_rb_clusters(plan: Plan) -> int:
+    """`hier` of the conversion: the plan's hierarchical rb clusters, 0 on one node (where
+    the trainer runs hierarchical rb flat: its reduce inside the node is no step of its
+    own)."""
+    if plan.topology.nodes == 1:
+        return 0
+    return sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
+
+
 def hierarchical_ub_clusters(plan: Plan) -> int:
     """`hub` of the conversion: the plan's hierarchical ub clusters, 0 on one node (where
     hierarchical ub is flat ub)."""
@@ -708,10 +717,7 @@ def step_time_of(
         return nbytes / (intra_bw if lk == "intra" else inter_bw)
 
     a2a = sum(1 for c in plan.clusters if c.kind != "dp")
-    # hierarchical rb's reduce inside the node is a step of its own on several nodes only
-    # (on one node the trainer runs it flat), as hub is
-    hier = sum(1 for c in plan.clusters if c.kind == "rb" and c.communication == "hierarchical")
-    hier = hier if topo.nodes > 1 else 0
+    hier = hierarchical_rb_clusters(plan)
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
     hub = hierarchical_ub_clusters(plan)
     dp = int(any(c.kind == "dp" for c in plan.clusters))

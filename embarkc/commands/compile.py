@@ -175,14 +175,14 @@ def _given_plan(program: Any, path: str) -> Any:
     `program`'s spec; its estimate re-costed when it no longer costs the layout."""
     from embark_runtime.plan import load_plan
     from embarkc.planner import adopt_plan, check_against_spec, layout_is_stale, stale_reason
-    from embarkc.syntax import looks_like_json
+    from embarkc.syntax import JSON_HEAD_BYTES, looks_like_json
 
     if not Path(path).is_file():
         what = "is not a file" if Path(path).exists() else "does not exist"
         raise EmbarkError.at(path, f"--plan: {path} {what}", hint="give the path of a plan.json")
     try:
         with open(path, "rb") as f:
-            head = f.read(4096)
+            head = f.read(JSON_HEAD_BYTES)
     except OSError as e:
         raise EmbarkError.at(path, f"--plan: cannot read {path}: {e.strerror or e}") from None
     if not looks_like_json(head):

@@ -500,20 +500,16 @@ def fixed_strategy_note(planner: Any) -> str:
     return ""
 
 
-def _faster_fixed(
-    program: Program, cm: CostModel, layout: Layout, fixed: dict[str, float]
-) -> tuple[str, Layout] | None:
-    """The fastest of the fixed strategies (`fixed`: their step times) that is faster than
-    `layout` and passes the checker with the spec's constraints, with its layout; None when
-    none is."""
-    from embarkc.planner.check import validate_plan
-
+def _faster_fixed(cm: CostModel, layout: Layout, offer: FixedStart) -> tuple[str, Layout] | None:
+    """The fastest of the fixed strategies `offer` holds that is faster than `layout` and
+    that the spec allows (`FixedStart.layout_of`, the greedy's own check), with its
+    layout; None when none is."""
     current = cm.step_time(layout)
-    for name, t in sorted(fixed.items(), key=lambda kv: (kv[1], kv[0])):
+    for name, t in sorted(offer.times.items(), key=lambda kv: (kv[1], kv[0])):
         if not t < current * (1 - 1e-9):
             return None
-        candidate, plan = fixed_plan(program, cm, name)
-        if not validate_plan(program, plan):
+        candidate = offer.layout_of(name)
+        if candidate is not None:
             return name, candidate
     return None
 
@@ -521,33 +517,43 @@ def _faster_fixed(
 def fixed_start(program: Program, cm: CostModel, fixed: dict[str, float]) -> FixedStart:
     """The fixed strategies (`fixed`: their step times) as starts of the greedy: a
     strategy's layout is offered when its plan passes the checker with the spec's
-    constraints (on one node, with the communication the spec names)."""
+    constraints (on one node, with the communication the spec names); each strategy is
+    checked once, for the greedy and for the plan's last word (`_faster_fixed`)."""
+    from embarkc.planner import baselines as bl
     from embarkc.planner.check import validate_plan
     from embarkc.planner.greedy import FixedStart
 
+    allowed: dict[str, Layout | None] = {}
+
     def layout_of(name: str) -> Layout | None:
-        layout, plan = fixed_plan(program, cm, name)
-        mode = program.options.communication
-        if cm.nodes == 1 and mode != "auto":
-            # on one node the spec's communication costs as flat does (docs/language.md):
-            # the strategy's layout in the spec's word, the same step time
-            layout = {
-                t: p if p.kind == "dp" else replace(p, communication=mode)
-                for t, p in layout.items()
-            }
-            info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
-            plan = build_plan(program, layout, info, cm.evaluate_layout(layout))
-        return None if validate_plan(program, plan) else layout
+        if name not in allowed:
+            layout = bl.build_layout(cm, name)
+            mode = program.options.communication
+            if cm.nodes == 1 and mode != "auto":
+                # on one node the spec's communication costs as flat does
+                # (docs/language.md): the strategy's layout in the spec's word, the same
+                # step time
+                layout = {
+                    t: p if p.kind == "dp" else replace(p, communication=mode)
+                    for t, p in layout.items()
+                }
+            plan = fixed_plan(program, cm, name, layout)[1]
+            allowed[name] = None if validate_plan(program, plan) else layout
+        return allowed[name]
 
     return FixedStart(dict(fixed), layout_of)
 
 
-def fixed_plan(program: Program, cm: CostModel, name: str) -> tuple[Layout, Plan]:
+def fixed_plan(
+    program: Program, cm: CostModel, name: str, layout: Layout | None = None
+) -> tuple[Layout, Plan]:
     """The layout of the fixed strategy `name` (`baselines.FIXED`) and its plan file, as
-    `plan_program` would write it without the search's record."""
+    `plan_program` would write it without the search's record; `layout`: that strategy's
+    layout when the caller has built it."""
     from embarkc.planner import baselines as bl
 
-    layout = bl.build_layout(cm, name)
+    if layout is None:
+        layout = bl.build_layout(cm, name)
     info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
     return layout, build_plan(program, layout, info, cm.evaluate_layout(layout))
 
@@ -619,12 +625,19 @@ def plan_program(
             fixed = bl.baseline_times(cm)
             if baselines:
                 info["baselines"] = fixed
-        g = greedy(
-            cm,
-            progress=progress,
-            budget=greedy_budget(time_limit, reserve),
-            fixed=fixed_start(program, cm, fixed) if fixed else None,
-        )
+        offer = fixed_start(program, cm, fixed) if fixed else None
+        g = greedy(cm, progress=progress, budget=greedy_budget(time_limit, reserve), fixed=offer)
+        refining = strategy == "embark" and solver == "cp-sat"
+        if refining:
+            from embarkc.planner.greedy import kicked
+
+            # the greedy, a phase pass on CP-SAT's layout and the rest share the limit
+            # with the refinement, all by deterministic counts of work
+            budget = refine_budget(time_limit, g.work, g.phase_work, reserve)
+            # what the limit leaves beyond the refinement's share goes to random kicks
+            # from the greedy plan first (their work adds REST_SHARE to the rest)
+            slack = time_limit - g.work - g.phase_work - _rest(g.work, reserve) - max(budget, 0.0)
+            g = kicked(cm, g, slack / (1.0 + REST_SHARE), seed, progress)
         layout = g.layout
         info.update(
             solver="greedy",
@@ -636,19 +649,9 @@ def plan_program(
             message="greedy placement with critical-rank splitting"
             + (f"; its search cut at the {time_limit:g} s time limit" if g.stopped else ""),
         )
-        if strategy == "embark" and solver == "cp-sat":
+        if refining:
             from embarkc.planner.cpsat import refine
-            from embarkc.planner.greedy import kicked
 
-            # the greedy, a phase pass on CP-SAT's layout and the rest share the limit
-            # with the refinement, all by deterministic counts of work
-            budget = refine_budget(time_limit, g.work, g.phase_work, reserve)
-            # what the limit leaves beyond the refinement's share goes to random kicks
-            # from the greedy plan first (their work adds REST_SHARE to the rest)
-            slack = time_limit - g.work - g.phase_work - _rest(g.work, reserve) - max(budget, 0.0)
-            g = kicked(cm, g, slack / (1.0 + REST_SHARE), seed, progress)
-            layout = g.layout
-            info.update(greedy_step_time=g.step_time, objective=g.step_time)
             if budget > 0:
                 r = refine(cm, g, time_limit=budget, seed=seed, progress=progress)
                 layout = r.layout
@@ -688,10 +691,10 @@ def plan_program(
                 f"; the greedy went on from the {g.from_fixed} strategy's layout, faster than "
                 "what its own starts reached"
             )
-        if fixed:
+        if offer is not None:
             # a search (cut short by its limit, above all) may end slower than a fixed
             # strategy: the plan is then the fastest fixed strategy the spec allows
-            found = _faster_fixed(program, cm, layout, fixed)
+            found = _faster_fixed(cm, layout, offer)
             if found is not None:
                 name, layout = found
                 info["fixed_strategy"] = name

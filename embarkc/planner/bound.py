@@ -140,11 +140,8 @@ def _unit_options(cm: CostModel, keep: bool = True) -> _UnitOptions:
     if cm.bound_options is not None:
         return cm.bound_options  # type: ignore[no-any-return]
     if not keep:
-        counted = cm.evaluations, cm.additions
-        try:
+        with cm.uncounted():
             return _cost_options(cm)
-        finally:
-            cm.evaluations, cm.additions = counted
     cm.bound_options = _cost_options(cm)
     return cm.bound_options  # type: ignore[no-any-return]
 

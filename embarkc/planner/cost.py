@@ -33,6 +33,8 @@ capped at the shard's rows).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
@@ -496,6 +498,17 @@ class CostModel:
         self.work_deadline = math.inf
         """The search's work (`greedy.work_seconds`) at which its optional passes stop (a
         time limit the greedy would otherwise overrun; none by default)."""
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Cost something that is not the search's work: the counts of work
+        (`evaluations`, `additions`) are afterwards what they were before, so that no plan
+        depends on it (a memory check, the bound's options costed for a message)."""
+        counts = self.evaluations, self.additions
+        try:
+            yield
+        finally:
+            self.evaluations, self.additions = counts
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

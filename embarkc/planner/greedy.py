@@ -1754,7 +1754,7 @@ def kicked(
             # as CP-SAT's: a shorter step, not bought with longer waits (item 5 of "How
             # the plan is searched", docs/plan.md)
             waits = st.critical_path() <= path * (1 + 1e-9)
-            if t < best * (1 - 1e-9) and waits and fits_exactly(cm, layout):
+            if t < best * (1 - 1e-9) and waits and fits_exactly(cm, layout, st):
                 best, best_snap, idle = t, search.snapshot(), 0
             else:
                 idle += 1
@@ -1812,25 +1812,25 @@ def _rebalanced(
     return out
 
 
-def fits_exactly(cm: CostModel, layout: Layout) -> bool:
+def fits_exactly(cm: CostModel, layout: Layout, state: RankState | None = None) -> bool:
     """Whether every rank of `layout` holds its weights, state and buffers by the full
     model. The search's own room checks count every buffer but the hierarchical ub
     aggregators' (on the owner's rail peers of the other nodes, which a cell's placement
     fills without looking at them); this is the check that catches them. Without them
-    the room checks are exact, and the layout fits without being costed again."""
+    the room checks are exact, and the layout fits without being costed again. `state`:
+    the layout's full-model state when the caller has it."""
     if cm.nodes == 1 or not any(
         p.kind == "ub" and p.communication == "hierarchical" for p in layout.values()
     ):
         return True
-    counts = cm.evaluations, cm.additions
-    try:
+    if state is not None:
+        return float(state.memory().max()) <= cm.capacity
+    # a check, not search work: a build of the state from scratch costs little (8 ms for
+    # T510 on 128 GPUs, 0.1 s for 5,000 tables on 1,024) against what its additions count
+    # at the searches' incremental rate, and counted it cut T510's later starts at a 2 s
+    # limit (4.405 -> 4.696 ms)
+    with cm.uncounted():
         return float(cm.layout_state(layout).memory().max()) <= cm.capacity
-    finally:
-        # a check, not search work: a build of the state from scratch costs little (8 ms
-        # for T510 on 128 GPUs, 0.1 s for 5,000 tables on 1,024) against what its
-        # additions count at the searches' incremental rate, and counted it cut T510's
-        # later starts at a 2 s limit (4.405 -> 4.696 ms)
-        cm.evaluations, cm.additions = counts
 
 
 def decision_of(p: Placement) -> Decision:
