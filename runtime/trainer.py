@@ -223,6 +223,32 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
         default="auto",
         help="where to train, --reference too (auto: CUDA when present)",
     )
+    p.add_argument(
+        "--measure-phases",
+        action="store_true",
+        help="time each phase of every step (data wait, distributor, lookup, nvlink, network, "
+        "dp exchange, dense, updates) per rank and slowest rank, into --log-json's records",
+    )
+    p.add_argument(
+        "--phase-barriers",
+        action="store_true",
+        help="with --measure-phases: a barrier before the dense phases, so that waiting for "
+        "other ranks is not counted in them (slows the step)",
+    )
+    p.add_argument(
+        "--profile-steps",
+        metavar="A:B",
+        help="torch.profiler trace of steps A to B-1 per rank (Perfetto/TensorBoard)",
+    )
+    p.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=Path("profile"),
+        help="folder of the --profile-steps traces (default ./profile)",
+    )
+    p.add_argument(
+        "--tensorboard", type=Path, metavar="DIR", help="TensorBoard scalars to this folder"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
@@ -258,6 +284,15 @@ def _check_args(args: argparse.Namespace) -> None:
             f"--export-embeddings {args.export_embeddings}: the name must end in "
             ".safetensors or .npz"
         )
+    if args.phase_barriers and not args.measure_phases:
+        raise TrainerError("--phase-barriers needs --measure-phases")
+    if args.profile_steps is not None:
+        from embark_runtime.phases import parse_steps
+
+        try:
+            args.profile_range = parse_steps(args.profile_steps)
+        except ValueError as e:
+            raise TrainerError(str(e)) from None
     if args.data is not None and not args.data.exists():
         raise TrainerError(f"--data {args.data}: no such file")
     # outputs are checked before training, not when the first write fails hours later
@@ -265,6 +300,8 @@ def _check_args(args: argparse.Namespace) -> None:
         ("--export-embeddings", args.export_embeddings, False),
         ("--log-json", args.log_json, False),
         ("--checkpoint-dir", args.checkpoint_dir, True),
+        ("--tensorboard", args.tensorboard, True),
+        ("--profile-dir", args.profile_dir if args.profile_steps else None, True),
     ):
         if path is not None:
             _check_output(flag, path, folder)
@@ -642,9 +679,10 @@ class _Reference:
             _report_eval(self.log, done, np.concatenate(labels), np.concatenate(scores))
 
 
-def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -> None:
+def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """Say and log the evaluation's AUC and log loss; returns them (for TensorBoard)."""
     if labels.size == 0:
-        return
+        return {}
     auc = roc_auc(labels, scores)
     ll = log_loss(labels, scores)
     log.say(f"eval after step {done}: AUC {auc:.4f}  log loss {ll:.5f}  ({labels.size} samples)")
@@ -652,6 +690,7 @@ def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -
     log.write(
         {"eval": True, "step": done - 1, "auc": auc_or_none, "logloss": ll, "samples": labels.size}
     )
+    return {"logloss": ll} if auc_or_none is None else {"auc": auc, "logloss": ll}
 
 
 # --------------------------------------------------------------------------- sharded
@@ -801,6 +840,11 @@ class _Sharded:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         exact = _exact(args, self.device)
         kernels, self.kernel_note = _kernels(program, self.device, exact)
+        from embark_runtime import phases
+
+        self.clock = phases.PhaseClock(self.device, args.measure_phases, args.phase_barriers)
+        kernels = phases.timed_kernels(kernels, self.clock)
+        phases.instrument_comm(self.comm, self.clock)
 
         from embark_runtime.embedding import ShardedEmbeddings
 
@@ -813,6 +857,17 @@ class _Sharded:
             device=self.device,
             overlap=not args.no_overlap,
             comm=self.comm,
+        )
+        phases.instrument_clusters(self.embeddings, self.clock)
+        self.profiler = (
+            phases.StepProfiler(args.profile_dir, args.profile_range, self.rank, self.device)
+            if args.profile_steps
+            else None
+        )
+        self.scalars = (
+            phases.Scalars(args.tensorboard)
+            if args.tensorboard is not None and self.rank == 0
+            else None
         )
         self.dtype = torch.float64 if exact else torch.float32
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.device, self.dtype)
@@ -855,6 +910,8 @@ class _Sharded:
 
     def close(self) -> None:
         self.log.close()
+        if self.scalars is not None:
+            self.scalars.close()
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
 
@@ -875,15 +932,19 @@ class _Sharded:
         # the bottom MLP runs before the lookup: its autograd nodes are older, so in the
         # backward the embeddings' node runs first and its dp gradient exchange (left in
         # flight) overlaps the bottom MLP's backward and the dense all-reduce
-        bottom = self.model.bottom_forward(dense_in)
+        phase = self.clock.phase
+        with phase("dense_forward", collective=True):
+            bottom = self.model.bottom_forward(dense_in)
         out = self.embeddings(batch.sparse)
         if prefetch is not None:
             # the next batch's keys travel while this step's dense part computes
             self.embeddings.prefetch(prefetch.sparse)
-        logits = self.model(dense_in, [out[f] for f in self.program.features], bottom=bottom)
-        loss = local_loss(logits, labels, self.program.global_batch)
+        with phase("dense_forward", collective=True):
+            logits = self.model(dense_in, [out[f] for f in self.program.features], bottom=bottom)
+            loss = local_loss(logits, labels, self.program.global_batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        with phase("dense_backward", collective=True):
+            loss.backward()
         dense_traffic = Traffic()
         # the dp tables' gradient exchange is still in flight (overlap on): it runs
         # while the dense gradients are all-reduced, and completes just after
@@ -894,7 +955,8 @@ class _Sharded:
             ),
         )
         self.embeddings.finish_backward()
-        self.optimizer.step()
+        with phase("dense_update"):
+            self.optimizer.step()
 
         moved = {c: dict(v) for c, v in self.embeddings.bytes_moved().items()}
         moved.update(dense_traffic.as_dict())
@@ -935,11 +997,15 @@ class _Sharded:
             _inject_fault(step, self.rank, a.checkpoint_dir)
             done = step + 1
             eval_due = (a.eval_every and done % a.eval_every == 0) or done == a.steps
+            if self.profiler is not None:
+                self.profiler.before(step)
             t0 = time.perf_counter()
+            self.clock.start_step()
             nxt = None
             if done < a.steps:
                 try:
-                    nxt = self.data.batch(done, self.rank, self.world)
+                    with self.clock.phase("data_wait"):
+                        nxt = self.data.batch(done, self.rank, self.world)
                 except _user_errors() as e:
                     self._pending = self._pending or e
             # no prefetch before an evaluation: its forward passes come first. A rank
@@ -950,16 +1016,25 @@ class _Sharded:
                 prefetch = nxt if nxt is not None else batch
             failed = self._pending is not None or self.log.error is not None
             loss, moved, failing = self._step(batch, prefetch, failed)
+            spent = self.clock.end_step()
             dt = time.perf_counter() - t0
-            self.log.step(
-                {
-                    "step": step,
-                    "loss": loss,
-                    "samples_per_s": self.program.global_batch / dt,
-                    "bytes": moved,
-                    "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
-                }
-            )
+            if self.profiler is not None:
+                self.profiler.after(step, last=done == a.steps)
+            record = {
+                "step": step,
+                "loss": loss,
+                "samples_per_s": self.program.global_batch / dt,
+                "step_s": dt,
+                "bytes": moved,
+                "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
+            }
+            if a.measure_phases:
+                from embark_runtime.phases import gather_phases
+
+                record["phases"] = gather_phases(spent, dt, self.world, self.device)
+            self.log.step(record)
+            if self.scalars is not None:
+                self.scalars.step(record)
             if failing:
                 self._stop(done)
             if a.checkpoint_dir is not None and (
@@ -1030,7 +1105,9 @@ class _Sharded:
         self.dist.all_gather(gathered, mine)
         if self.rank == 0:
             both = torch.cat(gathered, dim=1).cpu().numpy()
-            _report_eval(self.log, done, both[0], both[1])
+            values = _report_eval(self.log, done, both[0], both[1])
+            if self.scalars is not None and values:
+                self.scalars.eval(done - 1, values)
 
     # ------------------------------------------------------------------ state
 
