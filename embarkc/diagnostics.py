@@ -16,6 +16,7 @@ offending path and whose line is 0, and render as ``path: error: message``.
 from __future__ import annotations
 
 import difflib
+import functools
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -63,11 +64,7 @@ class Diagnostic:
         out = [f"{self.span.render_location()}: {self.severity}: {self.message}"]
         text = (sources or {}).get(self.span.file)
         if text is not None and self.span.line > 0:
-            # lines as the parser counts them: `\n` ends one (splitlines would also
-            # split at a form feed or U+2028 and quote the wrong line)
-            lines = text.split("\n")
-            if lines[-1] == "":
-                lines.pop()  # the end of the last line, or of an empty file
+            lines = _lines(text)
             if self.span.line <= len(lines):
                 src = lines[self.span.line - 1].removesuffix("\r")
                 src = src.replace("\r", " ").expandtabs(1)  # a CR would move the cursor
@@ -85,6 +82,22 @@ class Diagnostic:
             out.append(f"  hint: {self.hint}")
         out.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(out)
+
+
+MAX_SHOWN = 40
+"""How many diagnostics one error prints; the rest are counted (a spec of 100,000 tables
+with one mistake each gives a readable message, not 100,000 caret blocks)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _lines(text: str) -> tuple[str, ...]:
+    """`text`'s lines as the parser counts them (`\\n` ends one; splitlines would also split
+    at a form feed or U+2028 and quote the wrong line), split once per text rather than
+    once per diagnostic (which made rendering many diagnostics quadratic)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the end of the last line, or of an empty file
+    return tuple(lines)
 
 
 class EmbarkError(Exception):
@@ -113,9 +126,16 @@ class EmbarkError(Exception):
         return self.render()
 
     def render(self) -> str:
-        body = "\n".join(d.render(self.sources) for d in self.diagnostics)
+        shown = self.diagnostics[:MAX_SHOWN]
+        body = "\n".join(d.render(self.sources) for d in shown)
         n = sum(1 for d in self.diagnostics if d.severity == "error")
-        if any(d.more_follow for d in self.diagnostics):
+        rest = len(self.diagnostics) - len(shown)
+        if rest:
+            body += (
+                f"\n{n:,} errors; the first {len(shown)} diagnostics are shown and "
+                f"{rest:,} more are not: fix these and run again"
+            )
+        elif any(d.more_follow for d in self.diagnostics):
             body += f"\n{n} errors shown, and more after them: fix these and run again"
         elif n > 1:
             body += f"\n{n} errors"

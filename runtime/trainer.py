@@ -293,8 +293,8 @@ def _check_args(args: argparse.Namespace) -> None:
             args.profile_range = parse_steps(args.profile_steps)
         except ValueError as e:
             raise TrainerError(str(e)) from None
-    if args.data is not None and not args.data.exists():
-        raise TrainerError(f"--data {args.data}: no such file")
+    if args.data is not None:
+        _check_data(args.data)
     # outputs are checked before training, not when the first write fails hours later
     for flag, path, folder in (
         ("--export-embeddings", args.export_embeddings, False),
@@ -305,6 +305,34 @@ def _check_args(args: argparse.Namespace) -> None:
     ):
         if path is not None:
             _check_output(flag, path, folder)
+
+
+def _check_data(path: Path) -> None:
+    """--data names a regular file or a folder: a device, FIFO or socket is named for
+    what it is (reading /dev/zero as Criteo TSV would never end)."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        raise TrainerError(f"--data {path}: no such file or folder") from None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = (
+        "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    raise TrainerError(
+        f"--data {path}: is {kind}, not a data file; give a data file (see --data-format) "
+        "or a folder of them"
+    )
 
 
 def _check_output(flag: str, path: Path, folder: bool) -> None:

@@ -250,6 +250,7 @@ def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
         (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
         (["--keep-checkpoints", "-1"], "--keep-checkpoints must not be negative"),
         (["--data", "/nonexistent/day_0"], "no such file"),
+        (["--data", "/dev/zero"], "--data /dev/zero: is a character device, not a data file"),
         (["--reference", "--checkpoint-dir", "c"], "does not write or read checkpoints"),
     ],
 )

@@ -219,3 +219,31 @@ def test_fmt_keeps_crlf_line_ends(tmp_path: Path, capsys: pytest.CaptureFixture[
     spec.write_bytes(MESSY.replace("\n", "\r\n").replace("\r\n", "\n", 1).encode())
     assert main(["fmt", str(spec)]) == EXIT_OK
     assert spec.read_bytes() == CANONICAL.encode()
+
+
+def test_fmt_refuses_special_files_and_oversized_specs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO (which would block the read forever), a device and a folder are refused as
+    `check` refuses them, and so is a file above the largest spec read; each is named, the
+    exit code is 2, and the other files named are still formatted."""
+    import os
+
+    from embarkc.syntax import MAX_SOURCE_BYTES
+
+    fifo = tmp_path / "spec.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.embark"
+    big.write_bytes(b"#" * (MAX_SOURCE_BYTES + 1))
+    good = tmp_path / "good.embark"
+    good.write_text("table a { rows 10   dim 4 }\nmodel { batch 8 }\n")
+    code = main(["fmt", str(fifo), "/dev/zero", str(tmp_path), str(big), str(good)])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR
+    assert f"{fifo}: error: is not a regular file" in err
+    assert "/dev/zero: error: is not a regular file" in err
+    assert f"{tmp_path}: error: is a directory" in err
+    assert f"{big}: error: file is {MAX_SOURCE_BYTES + 1:,} bytes" in err
+    assert big.read_bytes() == b"#" * (MAX_SOURCE_BYTES + 1)
+    assert good.read_text() == format_text(good.read_text(), "good.embark")
+    assert "rows 10   dim" not in good.read_text()

@@ -130,3 +130,25 @@ def test_spans_are_what_lark_positions_would_give() -> None:
             assert syntax.span_of(g, "f") == expected, (path, g.data)
             compared += 1
     assert compared > 1000
+
+
+def test_many_diagnostics_render_capped_with_a_count() -> None:
+    """A spec with a mistake on each of thousands of lines prints the first MAX_SHOWN
+    diagnostics, each with its caret line, and counts the rest (no wall of text; the
+    source is split into lines once, not once per diagnostic)."""
+    from embarkc.diagnostics import MAX_SHOWN, Diagnostic, EmbarkError, Span
+
+    n = 5000
+    text = "".join(f"table t{i} {{ rows 10 hotnes 1 }}\n" for i in range(n))
+    diags = [
+        Diagnostic("unknown field `hotnes`", Span("big.embark", i + 1, 18, i + 1, 24))
+        for i in range(n)
+    ]
+    out = EmbarkError(diags, {"big.embark": text}).render()
+    assert out.count(": error: unknown field") == MAX_SHOWN
+    assert out.count("^^^^^^") == MAX_SHOWN
+    assert f"  {MAX_SHOWN} | table t{MAX_SHOWN - 1} " in out
+    assert out.endswith(
+        f"{n:,} errors; the first {MAX_SHOWN} diagnostics are shown and "
+        f"{n - MAX_SHOWN:,} more are not: fix these and run again"
+    )

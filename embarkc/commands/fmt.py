@@ -27,14 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from embarkc.emit import write_output
     from embarkc.format import format_text
-    from embarkc.syntax import BOM, check_text
+    from embarkc.syntax import BOM, check_text, read_source
 
     status = EXIT_OK
     for spec in args.specs:
         path = Path(spec)
         try:
             try:
-                data = path.read_bytes()
+                # a FIFO, device or folder is refused, as by `check`, never read (a FIFO
+                # would block); so is a spec above the size a spec can sensibly have
+                data = read_source(path, spec)
             except OSError as e:
                 raise EmbarkError.at(spec, f"cannot read spec: {e.strerror or e}") from None
             text = check_text(data, spec)
