@@ -45,7 +45,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -382,6 +382,31 @@ def check_overwrites(
             hint="choose an empty or new output folder, or move or remove these files "
             f"(a folder embarkc compiled into before is fine: its {MANIFEST} lists its files)",
         )
+    if out.is_dir() and (
+        out.resolve() == Path(out.resolve().anchor) or out.resolve() == Path.home()
+    ):
+        raise EmbarkError.at(
+            str(out),
+            "will not compile into the root or home folder",
+            hint="give -o a folder of its own (it is created if missing)",
+        )
+    if out.is_dir() and previous is None:
+        others = sorted(
+            e.name
+            for e in os.scandir(out)
+            if not _generated_tree(Path(e.path))
+            and not any(same_file(e.path, source) for source in inputs)
+        )
+        if others:
+            shown = ", ".join(others[:8]) + (
+                f" and {len(others) - 8} more" if len(others) > 8 else ""
+            )
+            raise EmbarkError.at(
+                str(out),
+                f"is not empty ({shown}) and holds no {MANIFEST} of an earlier compile",
+                hint="choose an empty or new output folder (a folder embarkc compiled into "
+                f"before is fine: its {MANIFEST} lists its files)",
+            )
 
 
 def input_paths(program: Program) -> list[str]:
@@ -476,7 +501,89 @@ def emit(
     executable = {f.path for f in files if f.executable}
     out = Path(out_dir)
     check_overwrites(out, contents, inputs)
-    stale = sorted((_previous_outputs(out) or set()) - set(contents))
+    with _folder_lock(out):
+        check_overwrites(out, contents, inputs)  # as it is now that no other run writes
+        return _emit_locked(out, contents, executable, inputs)
+
+
+_STALE_TEMPORARY = re.compile(r"\..+\.[A-Za-z0-9_]{6,}\.tmp")
+"""The name of a temporary file `_write_temporary` makes (`.NAME.xxxxxxxx.tmp`): one a
+run killed between staging and renaming left behind."""
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the folder `out` (created if missing, and removed again
+    if the run fails and leaves it empty) while a run writes into it: a second compile into
+    the same folder at the same time stops with a clear error instead of mixing its files
+    with the first's."""
+    import fcntl
+
+    created: list[Path] = []
+    try:
+        _make_folders(out, created)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise EmbarkError.at(
+            str(out), f"cannot create the output folder: {e.strerror or e}"
+        ) from None
+    ok = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EmbarkError.at(
+                str(out),
+                "another embarkc run is writing into this folder now",
+                hint="wait for it to end and run again, or compile into another folder",
+            ) from None
+        yield
+        ok = True
+    finally:
+        os.close(fd)  # releases the lock
+        if not ok:
+            for folder in reversed(created):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _generated_tree(path: Path) -> bool:
+    """Whether `path` is what a run that stopped before its manifest left: a regular file
+    with the generated header, a stale temporary file, or a real folder of only these."""
+    if _STALE_TEMPORARY.fullmatch(path.name) and _kind(path) == "file":
+        return True
+    if _kind(path) == "folder":
+        return all(_generated_tree(Path(e.path)) for e in os.scandir(path))
+    return _is_own_file(path)
+
+
+def _remove_stale_temporaries(out: Path, paths: Iterable[str]) -> None:
+    """Remove the temporary files an earlier run that was killed left beside the outputs
+    `paths` (`.NAME.xxxxxxxx.tmp`, regular files only), with the folder locked so no
+    running compile's files are among them."""
+    by_folder: dict[Path, set[str]] = {}
+    for path in paths:
+        target = out / path
+        by_folder.setdefault(target.parent, set()).add(target.name)
+    for folder, names in by_folder.items():
+        if _kind(folder) != "folder":
+            continue
+        for entry in os.scandir(folder):
+            if not _STALE_TEMPORARY.fullmatch(entry.name) or not entry.is_file(
+                follow_symlinks=False
+            ):
+                continue
+            if entry.name[1:].rsplit(".", 2)[0] in names:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _emit_locked(
+    out: Path, contents: dict[str, bytes], executable: set[str], inputs: Sequence[str | Path]
+) -> EmitResult:
+    previous = _previous_outputs(out) or set()
+    _remove_stale_temporaries(out, set(contents) | previous)
+    stale = sorted(previous - set(contents))
     result = EmitResult()
     # the manifest goes last, so a crash while renaming leaves a manifest that still lists
     # everything an earlier run wrote (the next run cleans it up)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,58 @@ def test_header_replaces_an_existing_json_comment_key():
     text = with_header("x.json", '{"//": "old", "k": 1}', SPEC, "t")
     assert json.loads(text) == {"//": json.loads(text)["//"], "k": 1}
     assert "old" not in text
+
+
+def test_a_folder_another_run_is_writing_is_refused_and_left_as_it_was(tmp_path):
+    """While a run holds the folder's lock (a second compile into it at the same time), a
+    run stops with a clear error before writing anything; once the lock is free it writes."""
+    import fcntl
+
+    from embarkc.diagnostics import EmbarkError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(EmbarkError, match="another embarkc run is writing into this folder"):
+            emit(_files(), out, spec=SPEC, spec_sha256="ab")
+        assert list(out.iterdir()) == []
+    finally:
+        os.close(fd)
+    emit(_files(), out, spec=SPEC, spec_sha256="ab")
+    assert (out / MANIFEST).is_file()
+
+
+def test_a_non_empty_folder_without_a_manifest_and_the_root_are_refused(tmp_path):
+    """A folder holding files no compile wrote (and no manifest of ours) is refused even when
+    no output would replace one of them; so are `/` and the home folder. A folder a killed
+    run left (generated files, no manifest) is still accepted."""
+    from embarkc.diagnostics import EmbarkError
+    from embarkc.emit import check_overwrites
+
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(EmbarkError, match=r"is not empty \(photos\) and holds no manifest"):
+        emit(_files(), tmp_path, spec=SPEC, spec_sha256="ab")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["photos"]
+    for root in ("/", str(Path.home())):
+        with pytest.raises(EmbarkError, match="will not compile into the root or home folder"):
+            check_overwrites(root, ["train.py"])
+    out = tmp_path / "out"
+    emit(_files(), out, spec=SPEC, spec_sha256="ab")
+    (out / MANIFEST).unlink()
+    emit(_files(), out, spec=SPEC, spec_sha256="ab")
+
+
+def test_the_next_run_removes_the_temporary_files_a_killed_run_left(tmp_path):
+    """`.NAME.xxxxxxxx.tmp` beside an output (a run killed between staging and renaming) is
+    removed by the next run; a user's file of a similar name is kept."""
+    emit(_files(), tmp_path, spec=SPEC, spec_sha256="ab")
+    stale = [tmp_path / ".train.py.k3j_x9a2.tmp", tmp_path / "kernels" / ".a.cu.abcdefgh.tmp"]
+    for p in stale:
+        p.write_text("half")
+    (tmp_path / ".mine.abcdefgh.tmp").write_text("keep")
+    emit(_files(), tmp_path, spec=SPEC, spec_sha256="ab")
+    assert not any(p.exists() for p in stale)
+    assert (tmp_path / ".mine.abcdefgh.tmp").read_text() == "keep"

@@ -247,3 +247,22 @@ def test_fmt_refuses_special_files_and_oversized_specs(
     assert big.read_bytes() == b"#" * (MAX_SOURCE_BYTES + 1)
     assert good.read_text() == format_text(good.read_text(), "good.embark")
     assert "rows 10   dim" not in good.read_text()
+
+
+def test_fmt_keeps_a_hard_linked_spec_one_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spec with a second hard link is rewritten in place: both names show the formatted
+    text and stay one file (an atomic rename would split them), and no backup is left."""
+    import os
+
+    spec = tmp_path / "a.embark"
+    spec.write_text("table a { rows 10   dim 4 }\nmodel { batch 8 }\n")
+    other = tmp_path / "b.embark"
+    os.link(spec, other)
+    inode = os.stat(spec).st_ino
+    assert main(["fmt", str(spec)]) == EXIT_OK
+    assert os.stat(spec).st_ino == inode and os.path.samefile(spec, other)
+    assert other.read_text() == spec.read_text() == format_text(spec.read_text(), "a.embark")
+    assert "rows 10   dim" not in other.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.embark", "b.embark"]

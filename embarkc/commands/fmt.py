@@ -9,6 +9,7 @@ is an error (exit 2); the other files are still processed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,11 +55,44 @@ def run(args: argparse.Namespace) -> int:
                 if status == EXIT_OK:
                     status = EXIT_FAILURE
                 continue
-            # atomic, and through a link to the file it names (the link stays a link)
-            write_output(path, new.encode("utf-8"), "the formatted spec")
+            if os.stat(path).st_nlink > 1:
+                _write_in_place(path, new.encode("utf-8"), data)
+            else:
+                # atomic, and through a link to the file it names (the link stays a link)
+                write_output(path, new.encode("utf-8"), "the formatted spec")
         except EmbarkError as e:
             print(e.render(), file=sys.stderr)
             status = EXIT_USER_ERROR
             continue
         print(f"reformatted {spec}")
     return status
+
+
+def _write_in_place(path: Path, new: bytes, old: bytes) -> None:
+    """Rewrite a hard-linked spec in place, so every name of it sees the formatted text
+    (an atomic rename would give `path` a new file and leave the other names with the old
+    one). Safely: the old text is first saved beside it (atomically, `.NAME.fmt-backup`),
+    then the file is overwritten, truncated and synced, then the copy is removed; a failure
+    in between leaves the copy and says where it is."""
+    from embarkc.emit import atomic_write
+
+    backup = path.with_name(f".{path.name}.fmt-backup")
+    try:
+        atomic_write(backup, old, mode=0o600)
+    except OSError as e:
+        raise EmbarkError.at(
+            str(path), f"cannot write the formatted spec: {e.strerror or e}"
+        ) from None
+    try:
+        with open(path, "r+b") as f:
+            f.write(new)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise EmbarkError.at(
+            str(path),
+            f"cannot write the formatted spec: {e.strerror or e}",
+            hint=f"its text before formatting is kept in {backup}",
+        ) from None
+    backup.unlink(missing_ok=True)
