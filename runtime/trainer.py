@@ -762,7 +762,9 @@ def _kernels(program: TrainProgram, device: torch.device, exact: bool) -> tuple[
 
         return TorchKernels(torch.float64), "torch kernels in exact mode (fp64 sums)"
     if device.type != "cuda":
-        return None, "torch kernels (no CUDA)"
+        from embark_runtime.kernels import TorchKernels
+
+        return TorchKernels(), "torch kernels (no CUDA)"
     # kernels_for never raises: without cupy/NVRTC it falls back to the torch path and
     # says why, so a CUDA machine without cupy still trains.
     from embark_runtime.cuda_kernels import kernels_for
