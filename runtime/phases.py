@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from .comm import Pending
+
 PHASES = (
     "data_wait",
     "distributor",
@@ -200,18 +202,18 @@ def instrument_comm(comm: Any, clock: PhaseClock) -> None:
     comm.hierarchical_all_reduce = reduce
 
 
-class _TimedPending:
-    """An asynchronous collective whose wait is counted in the collective's phase."""
+class _TimedPending(Pending):
+    """An asynchronous collective whose wait is counted in the collective's phase. It is
+    a Pending itself, so the Comm's own compositions (the rail all-gather builds on an
+    asynchronous all-to-all) take it as they take the one it wraps."""
 
-    def __init__(self, pending: Any, clock: PhaseClock, name: str, label: str):
-        self._pending, self._clock, self._name, self._label = pending, clock, name, label
+    def __init__(self, pending: Pending, clock: PhaseClock, name: str, label: str):
+        super().__init__([], pending.wait)
+        self._clock, self._name, self._label = clock, name, label
 
     def wait(self) -> Any:
         with self._clock.phase(self._name, label=self._label):
-            return self._pending.wait()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pending, name)
+            return super().wait()
 
 
 def instrument_clusters(embeddings: Any, clock: PhaseClock) -> None:
