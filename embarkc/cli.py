@@ -122,12 +122,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+GC_THRESHOLDS = (100_000, 50, 1_000)
+"""The cyclic collector's thresholds while a command runs. A spec or plan of many tables
+is read into hundreds of thousands of small objects that live until the command ends; at
+Python's default (700, 10, 10) the collector scans them again and again, which made
+reading 100,000 tables take about twice as long as the reading itself. Cycles are still
+collected, less often."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import gc
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
     saved = _guard_streams()
     try:
         return _main(argv)
     finally:
         _release_streams(saved)
+        gc.set_threshold(*thresholds)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -31,8 +31,9 @@ from lark.lexer import PatternStr
 
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span, did_you_mean
 
-MAX_SOURCE_BYTES = 4 * 1024 * 1024
-"""Specs are hand-written: anything bigger is a mistake (a data file passed as a spec)."""
+MAX_SOURCE_BYTES = 32 * 1024 * 1024
+"""Specs are hand-written or generated: 32 MiB holds about 400,000 tables, so anything
+bigger is a mistake (a data file passed as a spec, or /dev/zero)."""
 
 MAX_SYNTAX_ERRORS = 20
 """Syntax errors reported for one file (one per top-level item); more would only scroll."""

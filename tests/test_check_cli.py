@@ -333,3 +333,29 @@ def test_a_compiled_folder_stands_for_its_plan_in_every_command(planned, capsys)
         assert err.startswith("empty: error: a folder with no plan.json in it"), (command, err)
         assert "a folder `embarkc compile` wrote" in err
     assert not Path("x").exists()
+
+
+def test_a_spec_of_100000_tables_is_not_refused_for_its_size(tmp_path: Path, capsys) -> None:
+    """A generated spec of 100,000 tables is about 8 MB: the language accepts it, so the
+    size guard (meant for data files passed as specs) lets it through."""
+    from embarkc.syntax import MAX_SOURCE_BYTES
+
+    line = "# " + "x" * 77 + "\n"  # the size of a table line of the scale benchmark
+    spec = tmp_path / "big.embark"
+    spec.write_text(TINY.read_text() + line * 100_000)
+    assert 8_000_000 <= spec.stat().st_size < MAX_SOURCE_BYTES
+    assert main(["check", str(spec)]) == 0
+    assert f"{spec}: ok" in capsys.readouterr().out
+
+
+def test_the_command_leaves_the_collector_as_it_found_it() -> None:
+    """`main` raises the cyclic collector's thresholds while a command reads many objects
+    and puts them back when it returns (tests and embedders call it in-process)."""
+    import gc
+
+    from embarkc.cli import GC_THRESHOLDS
+
+    before = gc.get_threshold()
+    assert before != GC_THRESHOLDS
+    assert main(["check", str(TINY)]) == 0
+    assert gc.get_threshold() == before
