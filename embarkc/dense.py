@@ -97,7 +97,12 @@ class DenseShape:
         return sum(f for _, f in bottom), sum(f for _, f in rest)
 
 
-def prefetch_window(shape: DenseShape, samples_per_gpu: float, flops_per_second: float) -> float:
+def prefetch_window(
+    shape: DenseShape,
+    samples_per_gpu: float,
+    flops_per_second: float,
+    efficiency: float,
+) -> float:
     """Seconds of dense compute per step during which the next batch's keys travel.
 
     The trainer starts the next batch's key exchange after this step's embedding forward
@@ -105,9 +110,11 @@ def prefetch_window(shape: DenseShape, samples_per_gpu: float, flops_per_second:
     backward (twice the forward's FLOPs: input and weight gradients) follow. The bottom
     MLP's forward ran before the lookup and is not part of the window. 0 when the
     hardware's dense rate is unknown (`flops_per_second` 0): no overlap is credited.
+    `efficiency`: the share of that rate the GEMMs sustain (the hardware's
+    `dense_efficiency`, by default constants.DENSE_EFFICIENCY).
     """
     if flops_per_second <= 0:
         return 0.0
     bottom, rest = shape.forward_flops()
     flops = rest + K.BACKWARD_FLOPS_FACTOR * (bottom + rest)
-    return flops * samples_per_gpu / (flops_per_second * K.DENSE_EFFICIENCY)
+    return flops * samples_per_gpu / (flops_per_second * efficiency)

@@ -156,6 +156,9 @@ class Topology(Node):
     """CUDA architecture the kernels are built for (sm_90 for H100/H200, sm_80 for A100)."""
     preset: str | None = None
     """The named preset the hardware started from, if any (informational)."""
+    constants: dict[str, float] = Field(default_factory=dict)
+    """The cost model's constants the hardware block sets ({`Constants` field: value},
+    embarkc.planner.constants.TUNABLE); the others keep their defaults."""
 
     @property
     def world_size(self) -> int:

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from embarkc import ir
 from embarkc.diagnostics import Collector, Diagnostic, EmbarkError, Span, did_you_mean
+from embarkc.planner import constants as K
 from embarkc.presets import PRESETS
 from embarkc.syntax import parts, span_of
 from embarkc.units import MAX_INT, Kind, UnitError, format_bytes, quantity
@@ -411,6 +412,11 @@ class Lowerer:
                 ok = False
             else:
                 values[attr] = v
+        constants = self.attempt(self.cost_constants, b)
+        if constants is None:
+            ok = False
+        elif constants:
+            values["constants"] = constants
         if "arch" in b.fields:
             tok = b.fields["arch"].values[0]
             if re.fullmatch(r"sm_[0-9]{2,3}a?", str(tok)):
@@ -438,6 +444,41 @@ class Lowerer:
         return self.build(
             ir.Topology, b.span, preset=preset, span=ir.SpanModel.of(b.span), **values
         )
+
+    def cost_constants(self, b: Block) -> dict[str, float]:
+        """The cost model's constants the hardware block sets ({`Constants` field: value}):
+        efficiencies are fractions in (0, 1], latencies times of at most a second, `min_read`
+        a size of at most 4 KiB; raises _Fail after reporting every bad one."""
+        out: dict[str, float] = {}
+        ok = True
+        for key, (attr, kind, _) in K.TUNABLE.items():
+            fld = b.fields.get(key)
+            if fld is None:
+                continue
+            node = fld.values[0]
+            assert isinstance(node, Tree)
+            top: float = {"count": 1.0, "time": 1.0, "bytes": 4096.0}[kind]
+            v = self.attempt(
+                self.num, node, fld.file, kind, integer=kind == "bytes", what=key, minimum=0
+            )
+            if v is not None and not 0 < v <= top:
+                self.error(
+                    f"{key} must be above 0 and at most {top:g}"
+                    f"{' ' + {'time': 's', 'bytes': 'B'}[kind] if kind != 'count' else ''}"
+                    f", got {v:g}",
+                    span_of(node, fld.file),
+                    "an efficiency is the share of the peak a kernel or collective reaches"
+                    if kind == "count"
+                    else None,
+                )
+                v = None
+            if v is None:
+                ok = False
+            else:
+                out[attr] = float(v)
+        if not ok:
+            raise _Fail
+        return out
 
     # ------------------------------------------------------------------ dense model
 

@@ -73,8 +73,9 @@ sends the next batch's keys (`key_window`, dense.prefetch_window): key traffic b
 delays the step, traffic within it is hidden. A rank's time is the sum of its
 components; the step time is the largest rank's time (collectives wait for the slowest
 rank). The dense model's all-reduce is the same for every plan and is reported apart
-(`dense_allreduce_time`), as the planner's estimate does. Efficiencies, latencies and
-wire sizes are those of embarkc/planner/constants.py.
+(`dense_allreduce_time`), as the planner's estimate does. Wire sizes are those of
+embarkc/planner/constants.py; efficiencies, latencies and the smallest read are its
+defaults unless the plan's `topology.constants` (the spec's hardware block) sets them.
 """
 
 from __future__ import annotations
@@ -362,7 +363,10 @@ def key_window(plan: Plan) -> float:
     shape = dense_shape(plan)
     if shape is None:
         return 0.0
-    return prefetch_window(shape, plan.batch_size / plan.world_size, plan.topology.dense_flops)
+    topo = plan.topology
+    return prefetch_window(
+        shape, plan.batch_size / plan.world_size, topo.dense_flops, C.of(topo).dense_efficiency
+    )
 
 
 def _chunks(elements, parts: int, index):
@@ -475,6 +479,7 @@ class _StepCounter:
         ranks = np.arange(w_, dtype=np.int64)
         node = ranks // g
         key = C.KEY_BYTES
+        floor = C.of(plan.topology).small_vector_bytes
         cluster = self.cluster_of[t.name]
         fidx = self.features_of[t.name]
         f_t, nfeat = _results_count(plan, t.name)
@@ -502,8 +507,8 @@ class _StepCounter:
         if kind == "dp":
             vec = 4 * t.dim
             touched = _touched_row_bytes(t, t.dim)
-            local = local_n * (key + _row_access(t, t.dim)) + 2 * b * f_t * vec
-            local = local + local_n * _grad_access(t.dim)
+            local = local_n * (key + _row_access(t, t.dim, floor)) + 2 * b * f_t * vec
+            local = local + local_n * _grad_access(t.dim, floor)
             ids += local_n
             if exchange == "dense":
                 size = t.rows * vec
@@ -552,8 +557,8 @@ class _StepCounter:
             if kind == "rb":
                 n = int(stats.n[:, j].sum())
                 outputs = plan.batch_size * f_t
-                hbm[o] += n * (key + _row_access(t, w)) + outputs * vec
-                hbm[o] += outputs * vec + n * (_grad_access(w) + 2 * key) + d_rows * touched
+                hbm[o] += n * (key + _row_access(t, w, floor)) + outputs * vec
+                hbm[o] += outputs * vec + n * (_grad_access(w, floor) + 2 * key) + d_rows * touched
                 hbm += b * f_t * vec  # every requester sums the partials it receives
                 per_req = b * f_t * vec
                 served = n
@@ -589,10 +594,10 @@ class _StepCounter:
                     served = int(u.sum())
                     flows.add(cluster.name, "forward", o, ranks, u * vec)
                     flows.add(cluster.name, "backward", ranks, o, u * vec)
-                hbm[o] += served * (key + _row_access(t, w) + vec)
+                hbm[o] += served * (key + _row_access(t, w, floor) + vec)
                 hbm[o] += served * (vec + key) + d_rows * touched + served * 2 * key
                 # requesters: dedup of their ids, pooling, backward scatter per id
-                hbm += stats.n[:, j] * (4 * key + 2 * _grad_access(w)) + u * vec * 2
+                hbm += stats.n[:, j] * (4 * key + 2 * _grad_access(w, floor)) + u * vec * 2
             ids[o] += served
             distinct[o] += d_rows
         if kind == "ub":
@@ -632,14 +637,14 @@ class _NodeDedup:
         """R: the ids each aggregator holds before its dedup (its own included)."""
 
 
-def _row_access(t: PlanTable, w: int) -> int:
+def _row_access(t: PlanTable, w: int, floor: float) -> float:
     """HBM bytes of reading one row of width w (a DRAM sector pair at least)."""
-    return max(w * DTYPE_BYTES[t.dtype], C.SMALL_VECTOR_BYTES)
+    return max(w * DTYPE_BYTES[t.dtype], floor)
 
 
-def _grad_access(w: int) -> int:
+def _grad_access(w: int, floor: float) -> float:
     """HBM bytes of reading or writing one fp32 gradient of width w."""
-    return max(w * C.WIRE_ELEMENT_BYTES, C.SMALL_VECTOR_BYTES)
+    return max(w * C.WIRE_ELEMENT_BYTES, floor)
 
 
 def _touched_row_bytes(t: PlanTable, w: int) -> int:
@@ -667,8 +672,9 @@ def ring_seconds(plan: Plan, sent: dict[str, np.ndarray]) -> float:
     the rank whose links are busiest (its NVLink time plus its NIC time).
     """
     topo = plan.topology
-    intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
-    inter_bw = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
+    k = C.of(topo)
+    intra_bw = topo.intra_node_bandwidth * k.nvlink_efficiency
+    inter_bw = topo.inter_node_bandwidth * k.network_efficiency
     hops = sent["intra"] / intra_bw + sent["inter"] / inter_bw
     return float(hops.max()) if len(hops) else 0.0
 
@@ -708,9 +714,10 @@ def step_time_of(
     if window is None:
         window = key_window(plan)
     topo = plan.topology
+    k = C.of(topo)
     many = topo.world_size > 1
-    intra_bw = topo.intra_node_bandwidth * C.NVLINK_EFFICIENCY
-    inter_bw = topo.inter_node_bandwidth * C.NETWORK_EFFICIENCY
+    intra_bw = topo.intra_node_bandwidth * k.nvlink_efficiency
+    inter_bw = topo.inter_node_bandwidth * k.network_efficiency
 
     def link(phase: str, lk: str) -> float:
         nbytes = max(sent.get(phase, {}).get(lk, 0.0), received.get(phase, {}).get(lk, 0.0))
@@ -721,11 +728,11 @@ def step_time_of(
     ub = sum(1 for c in plan.clusters if c.kind == "ub")
     hub = hierarchical_ub_clusters(plan)
     dp = int(any(c.kind == "dp" for c in plan.clusters))
-    call = C.COLLECTIVE_LATENCY_SECONDS + (C.INTER_NODE_LATENCY_SECONDS if topo.nodes > 1 else 0.0)
+    call = k.collective_latency_seconds + (k.inter_node_latency_seconds if topo.nodes > 1 else 0.0)
     results_latency = (2 * a2a + 2 * hier + 2 * hub) * call if many else 0.0
     return {
-        "lookup": hbm_bytes / (topo.hbm_bandwidth * C.HBM_EFFICIENCY)
-        + (3 * (a2a + dp) + 2 * ub + 3 * hub) * C.KERNEL_LAUNCH_SECONDS,
+        "lookup": hbm_bytes / (topo.hbm_bandwidth * k.hbm_efficiency)
+        + (3 * (a2a + dp) + 2 * ub + 3 * hub) * k.kernel_launch_seconds,
         "distributor": max(
             0.0, link("distributor", "intra") + link("distributor", "inter") - window
         )
@@ -976,8 +983,9 @@ class _Totals:
         critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
         dense = ring_seconds(plan, self.sent["dense"])
         if dense > 0:
-            dense += C.COLLECTIVE_LATENCY_SECONDS + (
-                C.INTER_NODE_LATENCY_SECONDS if plan.topology.nodes > 1 else 0.0
+            k = C.of(plan.topology)
+            dense += k.collective_latency_seconds + (
+                k.inter_node_latency_seconds if plan.topology.nodes > 1 else 0.0
             )
         return SimResult(
             batches=batches,

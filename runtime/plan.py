@@ -10,7 +10,7 @@ neither torch nor the compiler.
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params, tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
-  topology.{arch, dense_flops}, model, seed, estimate.{critical_rank, critical_path,
+  topology.{arch, dense_flops, constants}, model, seed, estimate.{critical_rank, critical_path,
   components, per_rank[].components, per_rank[].memory, per_table, key_window},
   planner.{objective, bound, greedy_step_time, baselines, message}
 """
@@ -83,6 +83,10 @@ class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
 
 
+MAX_CONSTANT = 4096.0
+"""The largest value of a cost-model constant (`topology.constants`): efficiencies are at
+most 1, latencies at most a second, the smallest read at most 4 KiB."""
+
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 Bandwidth = Annotated[float, Field(ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)]
@@ -100,6 +104,12 @@ class PlanTopology(_M):
     """Peak fp32 FLOP/s per GPU; 0 (also when absent: plans written before it) credits no
     overlap of the key traffic with the dense compute."""
     arch: str = "sm_90"
+    constants: dict[str, Annotated[float, Field(gt=0, le=MAX_CONSTANT)]] = Field(
+        default_factory=dict
+    )
+    """The cost model's constants the spec's hardware block set (efficiencies, latencies
+    in seconds, the smallest read in bytes; the compiler's embarkc.planner.constants names
+    them); absent: the defaults. The simulator costs a plan with them."""
 
     @field_validator("dense_flops")
     @classmethod

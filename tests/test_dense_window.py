@@ -55,10 +55,10 @@ def test_a_small_model_by_hand() -> None:
     assert s.parameters() == (2 * 4 + 4) + 2 * 4 + (7 * 3 + 3) + (3 + 1)
     assert s.parameters() == sum(p.numel() for p in _torch_model(s).parameters())
     # the window: the rest's forward and everything's backward, at the efficiency
-    w = prefetch_window(s, 1000, 1e9)
+    w = prefetch_window(s, 1000, 1e9, K.DENSE_EFFICIENCY)
     want = (rest + K.BACKWARD_FLOPS_FACTOR * (bottom + rest)) * 1000 / (1e9 * K.DENSE_EFFICIENCY)
     assert w == pytest.approx(want)
-    assert prefetch_window(s, 1000, 0.0) == 0.0  # no dense rate: nothing hides
+    assert prefetch_window(s, 1000, 0.0, K.DENSE_EFFICIENCY) == 0.0  # no dense rate: nothing hides
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["dot", "dot-no-bottom", "dcnv2"])

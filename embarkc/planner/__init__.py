@@ -271,6 +271,8 @@ def build_plan(
             "inter_node_bandwidth": topo.inter_node_bandwidth,
             "dense_flops": topo.dense_flops,
             "arch": topo.arch,
+            # only when the spec sets any: a plan of the default constants reads as before
+            **({"constants": dict(topo.constants)} if topo.constants else {}),
         },
         "batch_size": program.batch_size,
         "tables": tables,

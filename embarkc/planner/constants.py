@@ -2,8 +2,16 @@
 
 Hardware numbers (HBM size and bandwidth, NVLink and network bandwidth) come from the
 spec's topology; these constants say how much of a peak a real kernel or collective
-reaches, and fixed latencies. The simulator (`embarkc simulate`) uses the same values.
+reaches, and fixed latencies. The ones that depend on the machine (`TUNABLE`) are
+defaults: the spec's `hardware` block may set each (`embarkc calibrate` writes a block of
+measured ones), and `of(topology)` gives the values a cost is computed with. The
+simulator (`embarkc simulate`) uses the same values, from the plan's topology.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
 
 HBM_EFFICIENCY = 0.80
 """Fraction of peak HBM bandwidth that a gather/scatter embedding kernel sustains.
@@ -53,3 +61,47 @@ low end: it only sets how much key traffic the model lets hide (dense.prefetch_w
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward FLOPs per forward FLOP of a linear layer: one GEMM for the input gradient and
 one for the weight gradient, each the forward's size."""
+
+
+# --------------------------------------------------------------------------- settable
+
+TUNABLE: dict[str, tuple[str, str, float]] = {
+    "hbm_efficiency": ("hbm_efficiency", "count", HBM_EFFICIENCY),
+    "nvlink_efficiency": ("nvlink_efficiency", "count", NVLINK_EFFICIENCY),
+    "network_efficiency": ("network_efficiency", "count", NETWORK_EFFICIENCY),
+    "dense_efficiency": ("dense_efficiency", "count", DENSE_EFFICIENCY),
+    "kernel_launch": ("kernel_launch_seconds", "time", KERNEL_LAUNCH_SECONDS),
+    "collective_latency": ("collective_latency_seconds", "time", COLLECTIVE_LATENCY_SECONDS),
+    "network_latency": ("inter_node_latency_seconds", "time", INTER_NODE_LATENCY_SECONDS),
+    "min_read": ("small_vector_bytes", "bytes", SMALL_VECTOR_BYTES),
+}
+"""The constants above that a spec's `hardware` block may set (a calibrated hardware file
+from `embarkc calibrate` does): spec keyword -> (field of `Constants` and of a plan's
+`topology.constants`, the unit kind the spec writes it in, the default). Efficiencies
+are fractions in (0, 1]; the three times are seconds; `min_read` is bytes."""
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The cost model's hardware-dependent constants for one topology: the defaults above,
+    each replaced by the value the spec's `hardware` block gives."""
+
+    hbm_efficiency: float = HBM_EFFICIENCY
+    nvlink_efficiency: float = NVLINK_EFFICIENCY
+    network_efficiency: float = NETWORK_EFFICIENCY
+    dense_efficiency: float = DENSE_EFFICIENCY
+    kernel_launch_seconds: float = KERNEL_LAUNCH_SECONDS
+    collective_latency_seconds: float = COLLECTIVE_LATENCY_SECONDS
+    inter_node_latency_seconds: float = INTER_NODE_LATENCY_SECONDS
+    small_vector_bytes: float = SMALL_VECTOR_BYTES
+
+
+DEFAULTS = Constants()
+
+
+def of(topology: Any) -> Constants:
+    """The constants of a topology (an `ir.Topology` or a plan file's topology): its
+    `constants` overrides, {field: value}, over the defaults. A topology without any
+    (every plan written before they existed) costs with the defaults."""
+    given = getattr(topology, "constants", None) or {}
+    return replace(DEFAULTS, **dict(given)) if given else DEFAULTS

@@ -456,9 +456,11 @@ class CostModel:
         self.B = float(program.batch_size)
         self.b = self.B / self.W
         self.partition = program.options.row_partition
-        self.bw_hbm = topo.hbm_bandwidth * K.HBM_EFFICIENCY
-        self.bw_intra = topo.intra_node_bandwidth * K.NVLINK_EFFICIENCY
-        self.bw_inter = topo.inter_node_bandwidth * K.NETWORK_EFFICIENCY
+        self.k = k = K.of(topo)
+        """The constants the hardware block set, over the defaults."""
+        self.bw_hbm = topo.hbm_bandwidth * k.hbm_efficiency
+        self.bw_intra = topo.intra_node_bandwidth * k.nvlink_efficiency
+        self.bw_inter = topo.inter_node_bandwidth * k.network_efficiency
         self.capacity = float(topo.hbm_bytes - program.options.memory_headroom)
         self.facts = table_facts(program)
         self.node_of = np.arange(self.W) // self.G
@@ -466,12 +468,12 @@ class CostModel:
         # one GPU runs no collective: the runtime copies its all-to-all chunks locally
         # (embark_runtime.comm.Comm.all_to_all), and the simulator charges none either
         self.collective_latency = (
-            K.COLLECTIVE_LATENCY_SECONDS + (K.INTER_NODE_LATENCY_SECONDS if self.nodes > 1 else 0.0)
+            k.collective_latency_seconds + (k.inter_node_latency_seconds if self.nodes > 1 else 0.0)
             if self.W > 1
             else 0.0
         )
         self.dense = dense_shape(program)
-        self.key_window = prefetch_window(self.dense, self.b, topo.dense_flops)
+        self.key_window = prefetch_window(self.dense, self.b, topo.dense_flops, k.dense_efficiency)
         """Seconds of dense compute that hide the next batch's key traffic."""
         self._cells: dict[tuple[Any, ...], CellValues] = {}
         self._dp: dict[tuple[Any, str], DpValues] = {}
@@ -568,8 +570,9 @@ class CostModel:
         w = np.array([c[2] - c[1] for c in cells], dtype=np.float64)
         B, b, W = self.B, self.b, self.W
         qj, ulj, ugj, rsj = q[j], ul[j], ug[j], rs[j]
-        row_access = np.maximum(w * tf.elem, K.SMALL_VECTOR_BYTES)
-        grad_access = np.maximum(w * K.WIRE_ELEMENT_BYTES, K.SMALL_VECTOR_BYTES)
+        floor = self.k.small_vector_bytes
+        row_access = np.maximum(w * tf.elem, floor)
+        grad_access = np.maximum(w * K.WIRE_ELEMENT_BYTES, floor)
         weights, state = tf.cell_bytes(rsj, w)  # type: ignore[arg-type]
         touched_row = 2.0 * (w * tf.elem + (w * tf.state_per_elem + tf.state_per_row) * 4)
         vec = K.WIRE_ELEMENT_BYTES * w
@@ -666,8 +669,8 @@ class CostModel:
         u_loc, u_glob = float(ul[0]), float(ug[0])
         dim = tf.dim
         vec = K.WIRE_ELEMENT_BYTES * dim
-        row_access = max(dim * tf.elem, K.SMALL_VECTOR_BYTES)
-        grad_access = max(vec, K.SMALL_VECTOR_BYTES)
+        row_access = max(dim * tf.elem, self.k.small_vector_bytes)
+        grad_access = max(vec, self.k.small_vector_bytes)
         n = b * tf.ids
         weights, state = tf.cell_bytes(tf.rows, dim)
         touched_row = 2.0 * (dim * tf.elem + (dim * tf.state_per_elem + tf.state_per_row) * 4)
@@ -1051,7 +1054,7 @@ class RankState:
         hbm = self.hbm_own + self.hbm_all
         if hub:
             hbm = hbm + self.aggregator(HH)
-        lookup = hbm / cm.bw_hbm + launches * K.KERNEL_LAUNCH_SECONDS
+        lookup = hbm / cm.bw_hbm + launches * cm.k.kernel_launch_seconds
         lk = self.links()
         # the keys travel during the previous step's dense compute (the trainer's prefetch):
         # only what outlasts that window delays the step
