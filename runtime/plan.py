@@ -104,12 +104,10 @@ class PlanTopology(_M):
     """Peak fp32 FLOP/s per GPU; 0 (also when absent: plans written before it) credits no
     overlap of the key traffic with the dense compute."""
     arch: str = "sm_90"
-    constants: dict[str, Annotated[float, Field(gt=0, le=MAX_CONSTANT)]] = Field(
-        default_factory=dict
-    )
+    constants: dict[str, Annotated[float, Field(gt=0, le=MAX_CONSTANT)]] | None = None
     """The cost model's constants the spec's hardware block set (efficiencies, latencies
     in seconds, the smallest read in bytes; the compiler's embarkc.planner.constants names
-    them); absent: the defaults. The simulator costs a plan with them."""
+    them); absent (None, not written): the defaults. The simulator costs a plan with them."""
 
     @field_validator("dense_flops")
     @classmethod

@@ -175,8 +175,9 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
     for name in ("arch", "dense_flops"):
         if name in pt.model_fields_set:
             differ(f"topology.{name}", getattr(pt, name), getattr(topo, name))
-    for name in sorted(set(pt.constants) | set(topo.constants)):
-        differ(f"topology.constants.{name}", pt.constants.get(name), topo.constants.get(name))
+    given = pt.constants or {}
+    for name in sorted(set(given) | set(topo.constants)):
+        differ(f"topology.constants.{name}", given.get(name), topo.constants.get(name))
     differ("batch_size", plan.batch_size, program.batch_size)
     if plan.row_partition != program.options.row_partition:
         bad(
