@@ -26,7 +26,17 @@ from typing import Any, TextIO, cast
 from embarkc import __version__
 from embarkc.diagnostics import EXIT_USER_ERROR, EmbarkError
 
-COMMANDS = ("check", "fmt", "plan", "simulate", "compile", "diff", "report", "measured")
+COMMANDS = (
+    "check",
+    "fmt",
+    "plan",
+    "simulate",
+    "compile",
+    "diff",
+    "report",
+    "measured",
+    "calibrate",
+)
 
 
 class _ReaderGone:
