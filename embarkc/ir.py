@@ -30,6 +30,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from embark_runtime.dtypes import DTYPE_BYTES
+from embark_runtime.optimizers import STATE_ELEMENT_BYTES, optimizer
 from embark_runtime.plan import (
     MAX_BANDWIDTH,
     MAX_BATCH,
@@ -89,12 +91,6 @@ Strategy = Literal[
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 """Every planning strategy (--strategy, `plan { strategy ... }`); the last five are the
 fixed baselines."""
-
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
-"""Bytes per element of each embedding dtype."""
-
-OPTIMIZER_STATE_BYTES_PER_ELEMENT = 4
-"""Optimizer state is always kept in fp32, whatever the weights' dtype."""
 
 
 class SpanModel(BaseModel):
@@ -174,8 +170,7 @@ class Topology(Node):
 class Optimizer(Node):
     """A sparse embedding optimizer and its hyper-parameters.
 
-    State per row: sgd none; adagrad one accumulator per element; rowwise_adagrad one per
-    row; adam two moments per element (plus a step count per row, kept with the moments).
+    Its state is the one table `embark_runtime.optimizers.OPTIMIZERS`.
     """
 
     kind: OptimizerKind = "sgd"
@@ -188,13 +183,7 @@ class Optimizer(Node):
 
     def state_elements_per_row(self, dim: int) -> int:
         """fp32 optimizer-state elements stored for one row of width `dim`."""
-        if self.kind == "sgd":
-            return 0
-        if self.kind == "adagrad":
-            return dim
-        if self.kind == "rowwise_adagrad":
-            return 1
-        return 2 * dim + 1  # adam: m, v, and the row's step count
+        return optimizer(self.kind).elements_per_row(dim)
 
 
 class Init(Node):
@@ -230,7 +219,7 @@ class Table(Node):
 
     @property
     def row_state_bytes(self) -> int:
-        return self.optimizer.state_elements_per_row(self.dim) * OPTIMIZER_STATE_BYTES_PER_ELEMENT
+        return self.optimizer.state_elements_per_row(self.dim) * STATE_ELEMENT_BYTES
 
     @property
     def row_bytes(self) -> int:

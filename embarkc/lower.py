@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from lark import Token, Tree
 from pydantic import ValidationError
 
+from embark_runtime.optimizers import columns_may_be_cut
 from embarkc import ir
 from embarkc.diagnostics import Collector, Diagnostic, EmbarkError, Span, did_you_mean
 from embarkc.planner import constants as K
@@ -1422,9 +1423,9 @@ class Lowerer:
                         span,
                         f"use at most `column_shards {t.dim // 4}`",
                     )
-                if t.optimizer.kind == "rowwise_adagrad":
+                if not columns_may_be_cut(t.optimizer.kind):
                     self.error(
-                        f"table {name} uses `rowwise_adagrad`, whose state is one value per "
+                        f"table {name} uses `{t.optimizer.kind}`, whose state is one value per "
                         f"whole row, but asks for {cmin} column shards",
                         span,
                         "use `no_column_split`, or `adagrad`",
@@ -1511,8 +1512,8 @@ class Lowerer:
                         high = c.max_row_shards if c else None
                     else:
                         cap, cap_by = max(1, t.dim // 4), f"`{n}` (dim {t.dim})"
-                        if t.optimizer.kind == "rowwise_adagrad":
-                            cap, cap_by = 1, f"`{n}` (rowwise_adagrad)"
+                        if not columns_may_be_cut(t.optimizer.kind):
+                            cap, cap_by = 1, f"`{n}` ({t.optimizer.kind})"
                         low = c.min_column_shards if c else 1
                         high = c.max_column_shards if c else None
                     if high is not None and high < cap:

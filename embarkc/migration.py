@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from embark_runtime.plan import DTYPE_BYTES, STATE_ELEMENT_BYTES, Plan, PlanTable
-
-_STATE_PER_ELEMENT = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2}
-_STATE_PER_ROW = {"sgd": 0, "adagrad": 0, "rowwise_adagrad": 1, "adam": 1}
+from embark_runtime.dtypes import DTYPE_BYTES
+from embark_runtime.optimizers import STATE_ELEMENT_BYTES, optimizer
+from embark_runtime.plan import Plan, PlanTable
 
 
 class _Frozen(BaseModel):
@@ -192,8 +191,9 @@ def migration_cost(a: Plan, b: Plan) -> Migration:
         if not carry_state:
             fresh_state.append(tb.name)
         elem_w = DTYPE_BYTES[ta.dtype]
-        elem_s = _STATE_PER_ELEMENT[ta.optimizer] * STATE_ELEMENT_BYTES if carry_state else 0
-        row_s = _STATE_PER_ROW[ta.optimizer] * STATE_ELEMENT_BYTES if carry_state else 0
+        opt = optimizer(ta.optimizer)
+        elem_s = opt.per_element * STATE_ELEMENT_BYTES if carry_state else 0
+        row_s = opt.per_row * STATE_ELEMENT_BYTES if carry_state else 0
         a_dp, a_cells = _cells(a, ta)
         _, b_cells = _cells(b, tb)
         n = min(ta.rows, tb.rows)

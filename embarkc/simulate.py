@@ -86,8 +86,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from embark_runtime.dtypes import DTYPE_BYTES
 from embark_runtime.keys import row_shard_of
-from embark_runtime.plan import DTYPE_BYTES, Plan, PlanTable
+from embark_runtime.plan import Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
 from embarkc.dense import DenseShape, prefetch_window
 from embarkc.planner import constants as C

@@ -61,6 +61,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embark_runtime.keys import local_row, row_shard_of
+from embark_runtime.optimizers import OPTIMIZERS
 from embark_runtime.plan import Plan, dumps_plan
 
 __all__ = [
@@ -85,12 +86,7 @@ PLAN_FILE = "plan.json"
 CHUNK_BYTES = 64 << 20
 """Upper bound of the bytes of one row chunk read or written at a time."""
 
-STATE_LAYOUT: dict[str, dict[str, str]] = {
-    "sgd": {},
-    "adagrad": {"sum": "element"},
-    "rowwise_adagrad": {"sum": "row"},
-    "adam": {"m": "element", "v": "element", "step": "row"},
-}
+STATE_LAYOUT: dict[str, dict[str, str]] = {n: dict(o.layout) for n, o in OPTIMIZERS.items()}
 """Optimizer state of a cell: key -> "element" ([rows, width]) or "row" ([rows])."""
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from embark_runtime.kernels import Kernels, OptimizerParamsLike, TorchKernels, bag_of_ids
+from embark_runtime.optimizers import OPTIMIZERS
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "embark-kernels"
@@ -644,14 +645,10 @@ class CudaKernels:
         return unique, row_grads
 
     def _state_args(self, weight: Tensor, state: dict[str, Tensor], optimizer: str) -> list[Any]:
-        names = {
-            "sgd": (),
-            "adagrad": ("sum",),
-            "rowwise_adagrad": ("sum",),
-            "adam": ("m", "v", "step"),
-        }.get(optimizer)
-        if names is None:
+        facts = OPTIMIZERS.get(optimizer)
+        if facts is None:
             raise ValueError(f"unknown optimizer {optimizer!r}")
+        names = facts.state_names
         tensors = []
         for n in names:
             t = state.get(n)

@@ -29,6 +29,7 @@ from embark_runtime.comm import Comm, Traffic
 from embark_runtime.distributor import BatchError, FeatureInput, prepare_batch
 from embark_runtime.kernels import Kernels, TorchKernels
 from embark_runtime.optim import STATE_NAMES, state_shape
+from embark_runtime.optimizers import columns_may_be_cut
 from embark_runtime.reference import ReferenceEmbeddings
 from embark_runtime.storage import global_rows, load_into
 
@@ -78,9 +79,9 @@ def check_runnable(plan, world: int) -> None:
         )
     for s in plan.shards:
         t = plan.table(s.table)
-        if t.optimizer == "rowwise_adagrad" and s.columns != (0, t.dim):
+        if not columns_may_be_cut(t.optimizer) and s.columns != (0, t.dim):
             raise PlanNotRunnable(
-                f"table `{t.name}` uses rowwise_adagrad, whose accumulator is the mean over the "
+                f"table `{t.name}` uses {t.optimizer}, whose accumulator is the mean over the "
                 f"whole row, but the plan splits its columns ({list(s.columns)}); re-plan "
                 f"without column sharding for it"
             )

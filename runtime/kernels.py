@@ -26,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from embark_runtime.optimizers import OPTIMIZER_NAMES
+
 POOLINGS = ("sum", "mean")
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+OPTIMIZERS = OPTIMIZER_NAMES
 
 
 class OptimizerParamsLike(Protocol):

@@ -17,20 +17,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from embark_runtime.kernels import OPTIMIZERS, Kernels
+from embark_runtime.kernels import Kernels
+from embark_runtime.optimizers import OPTIMIZER_NAMES, OPTIMIZERS
 
-STATE_NAMES = {
-    "sgd": (),
-    "adagrad": ("sum",),
-    "rowwise_adagrad": ("sum",),
-    "adam": ("m", "v", "step"),
-}
+STATE_NAMES = {name: o.state_names for name, o in OPTIMIZERS.items()}
 """The state tensors of every optimizer, in a fixed order."""
 
 
 def state_shape(optimizer: str, name: str, rows: int, width: int) -> tuple[int, ...]:
     """[rows] for per-row state (rowwise_adagrad's sum, adam's step), else [rows, width]."""
-    per_row = (optimizer == "rowwise_adagrad" and name == "sum") or name == "step"
+    per_row = OPTIMIZERS[optimizer].layout[name] == "row"
     return (rows,) if per_row else (rows, width)
 
 
@@ -51,7 +47,7 @@ def new_state(
             "v": torch.zeros(rows, width, **f32),
             "step": torch.zeros(rows, **f32),
         }
-    raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
+    raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZER_NAMES}")
 
 
 def apply_update(

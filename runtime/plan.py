@@ -25,11 +25,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from embark_runtime.dtypes import DTYPE_BYTES
+from embark_runtime.optimizers import optimizer
+
 FORMAT = "embark-plan"
 VERSION = 1
 
-STATE_ELEMENT_BYTES = 4
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 # The largest sizes a spec or a plan may hold (the language checks the same bounds,
 # embarkc.lower): far beyond any real model, small enough that every count the cost
@@ -158,9 +159,7 @@ class PlanTable(_M):
     init: InitParams = InitParams()
 
     def state_elements_per_row(self) -> int:
-        return {"sgd": 0, "adagrad": self.dim, "rowwise_adagrad": 1, "adam": 2 * self.dim + 1}[
-            self.optimizer
-        ]
+        return optimizer(self.optimizer).elements_per_row(self.dim)
 
     def bytes_for(self, rows: int, columns: int) -> int:
         """Weights plus optimizer state of `rows` x `columns` of this table.
@@ -168,11 +167,8 @@ class PlanTable(_M):
         Row-wise state (rowwise_adagrad's accumulator, adam's step count) is replicated
         on every column cell of a row, so it is counted per cell.
         """
-        per_elem = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2}[self.optimizer]
-        per_row = {"sgd": 0, "adagrad": 0, "rowwise_adagrad": 1, "adam": 1}[self.optimizer]
         weight = rows * columns * DTYPE_BYTES[self.dtype]
-        state = rows * (columns * per_elem + per_row) * STATE_ELEMENT_BYTES
-        return weight + state
+        return weight + optimizer(self.optimizer).state_bytes(rows, columns)
 
 
 class Access(_M):

@@ -43,6 +43,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from embark_runtime.optimizers import OPTIMIZER_NAMES
 from embark_runtime.plan import Plan
 from embarkc.diagnostics import EmbarkError
 
@@ -104,7 +105,7 @@ _NAME_PREFIXES = {
 
 FAMILIES = ("pooled_forward", "backward_update", "sparse_update", "dedup", "bucketize", "pack")
 TEMPLATES = {f: f"{f}.cu.j2" for f in FAMILIES}
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+OPTIMIZERS = OPTIMIZER_NAMES
 INT32_KEY_LIMIT = 2**31
 
 

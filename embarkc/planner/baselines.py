@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from embark_runtime.optimizers import columns_may_be_cut
 from embark_runtime.plan import Plan
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
@@ -69,9 +70,9 @@ def _lpt(cm: CostModel, name: str, items: list[tuple[str, Placement]]) -> Layout
 
 def column_wise_cells(table: Any, W: int) -> int:
     """The column cells column-wise cuts `table` into on `W` ranks: 16 columns or more
-    each, at most one per rank; a rowwise_adagrad table stays whole (its per-row state
-    would be copied to every cell)."""
-    if table.optimizer.kind == "rowwise_adagrad":
+    each, at most one per rank; a table whose optimizer forbids column cuts
+    (rowwise_adagrad) stays whole."""
+    if not columns_may_be_cut(table.optimizer.kind):
         return 1
     return max(1, min(W, table.dim // 16))
 

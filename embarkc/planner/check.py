@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from embark_runtime.optimizers import columns_may_be_cut, optimizer
 from embark_runtime.plan import Plan, PlanError, validate_rules
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span, print_warnings
 from embarkc.ir import Access, Program, without_spans
@@ -303,13 +304,9 @@ def _memory_used(program: Program, plan: Plan) -> list[int]:
         t = by_name[s.table]
         rows = plan.row_count(s.table, s.row_shard, s.row_shards)
         w = s.width
-        per_elem, per_row = {
-            "sgd": (0, 0),
-            "adagrad": (1, 0),
-            "rowwise_adagrad": (0, 1),
-            "adam": (2, 1),
-        }[t.optimizer.kind]
-        used[s.rank] += rows * (w * t.element_bytes + (w * per_elem + per_row) * 4)
+        used[s.rank] += rows * w * t.element_bytes + optimizer(t.optimizer.kind).state_bytes(
+            rows, w
+        )
     return used
 
 
@@ -399,7 +396,7 @@ def _cells(program: Program, plan: Plan) -> list[Violation]:
                     t.name,
                 )
             )
-        if t.optimizer.kind == "rowwise_adagrad" and (lo, hi) != (0, t.dim):
+        if not columns_may_be_cut(t.optimizer.kind) and (lo, hi) != (0, t.dim):
             out.append(
                 Violation(
                     "rowwise-adagrad",

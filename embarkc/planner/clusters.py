@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from embark_runtime.optimizers import columns_may_be_cut
 from embarkc.diagnostics import Diagnostic, EmbarkError
 from embarkc.ir import Program
 from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
@@ -77,8 +78,8 @@ def units_of(cm: CostModel) -> list[Unit]:
             c = prog.constraint_of.get(n)
             if max(1, tab.dim // 4) < max_c:
                 max_c, why["max_c"] = max(1, tab.dim // 4), f"{n} (dim {tab.dim})"
-            if tab.optimizer.kind == "rowwise_adagrad" and max_c > 1:
-                max_c, why["max_c"] = 1, f"{n} (rowwise_adagrad)"
+            if not columns_may_be_cut(tab.optimizer.kind) and max_c > 1:
+                max_c, why["max_c"] = 1, f"{n} ({tab.optimizer.kind})"
             if tab.rows < max_r:
                 max_r, why["max_r"] = tab.rows, f"{n} ({tab.rows:,} rows)"
             if c is None:

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from embark_runtime import keys as keymod
+from embark_runtime.optimizers import STATE_ELEMENT_BYTES, optimizer
 from embark_runtime.plan import Plan
 from embarkc.dense import DenseShape, prefetch_window
 from embarkc.ir import Program, Table
@@ -286,7 +287,7 @@ class TableFacts:
     def cell_bytes(self, rows: float, width: int) -> tuple[float, float]:
         """(weights, optimizer state) bytes of `rows` rows of `width` columns."""
         weights = rows * width * self.elem
-        state = rows * (width * self.state_per_elem + self.state_per_row) * 4
+        state = rows * (width * self.state_per_elem + self.state_per_row) * STATE_ELEMENT_BYTES
         return weights, state
 
 
@@ -354,11 +355,11 @@ def table_facts(program: Program) -> dict[str, TableFacts]:
 
 
 def _state_per_elem(t: Table) -> int:
-    return {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 0, "adam": 2}[t.optimizer.kind]
+    return optimizer(t.optimizer.kind).per_element
 
 
 def _state_per_row(t: Table) -> int:
-    return {"sgd": 0, "adagrad": 0, "rowwise_adagrad": 1, "adam": 1}[t.optimizer.kind]
+    return optimizer(t.optimizer.kind).per_row
 
 
 # --------------------------------------------------------------------------- cells
