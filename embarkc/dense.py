@@ -118,3 +118,109 @@ def prefetch_window(
     bottom, rest = shape.forward_flops()
     flops = rest + K.BACKWARD_FLOPS_FACTOR * (bottom + rest)
     return flops * samples_per_gpu / (flops_per_second * efficiency)
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One training iteration as the generated trainer runs it (runtime/trainer.py,
+    `_step`), from a plan's estimate: seconds of each part and what overlaps what.
+
+    The trainer runs, in order: the bottom MLP's forward; the embedding forward (the
+    keys were sent during the previous step's dense compute); the interaction and top
+    MLP forward and the whole dense backward, during which the next batch's keys travel;
+    the embedding backward, whose dp gradient exchange stays in flight while the dense
+    gradients are all-reduced; the optimizers. So the iteration is the embedding step
+    (the plan's `step_time`, key time beyond the dense window only) plus the dense
+    forward and backward plus the dense all-reduce, less the part of the dp exchange that
+    the all-reduce hides."""
+
+    embedding: float
+    """The plan's step time: lookups, keys beyond the window, exchanges, dp exchange."""
+    dense: float
+    """The dense part's forward and backward on one GPU's samples (0: no dense rate)."""
+    dense_allreduce: float
+    """The dense model's gradient all-reduce."""
+    hidden: float
+    """Seconds of the dp exchange that run under the dense all-reduce."""
+    batch: int
+    known: bool
+    """False when the hardware states no dense_flops: the dense part is not counted."""
+
+    @property
+    def seconds(self) -> float:
+        return self.embedding + self.dense + self.dense_allreduce - self.hidden
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.batch / self.seconds if self.seconds > 0 else 0.0
+
+
+def iteration_of(plan: Any) -> Iteration:
+    """The `Iteration` of a plan (a `Plan` or a loaded plan file): its estimate, its dense
+    model at the topology's dense rate and the hardware's `dense_efficiency`."""
+    est = plan.estimate
+    extra = est.model_extra or {}
+    ranks = list(est.per_rank or [])
+    crit = extra.get("critical_rank")
+    if crit is None and ranks:
+        crit = max(ranks, key=lambda r: r.time).rank
+    comps: dict[str, float] = next(
+        (getattr(r, "components", None) or {} for r in ranks if r.rank == crit), {}
+    )
+    topo = plan.topology
+    model = getattr(plan, "model", None)
+    dense = 0.0
+    known = model is not None and topo.dense_flops > 0
+    if model is not None and known:
+        by_name = {t.name: t for t in plan.tables}
+        widths = [
+            by_name[f.table].dim * (f.bag_max if f.pooling == "concat" else 1)
+            for f in plan.features
+        ]
+        data = model if isinstance(model, Mapping) else model.model_dump(mode="json")
+        bottom, rest = DenseShape.of(data, widths).forward_flops()
+        flops = (bottom + rest) * (1 + K.BACKWARD_FLOPS_FACTOR)
+        rate = topo.dense_flops * K.of(topo).dense_efficiency
+        dense = flops * plan.batch_size / plan.world_size / rate
+    allreduce = float(extra.get("dense_allreduce_time", 0.0) or 0.0)
+    dp = float(comps.get("dp_exchange", 0.0))
+    return Iteration(
+        embedding=float(est.step_time),
+        dense=dense,
+        dense_allreduce=allreduce,
+        hidden=min(dp, allreduce),
+        batch=int(plan.batch_size),
+        known=known,
+    )
+
+
+def iteration_lines(plan: Any) -> list[str]:
+    """What `plan`, the report and the generated README say of the whole iteration: the
+    embedding step, the dense forward and backward, the dense all-reduce, what overlaps
+    what, the iteration and samples/s."""
+    it = iteration_of(plan)
+
+    def ms(v: float) -> str:
+        return f"{v * 1e3:.3f} ms"
+
+    lines = [
+        f"embedding step {ms(it.embedding)} (lookups, keys beyond the dense window, "
+        "exchanges, dp exchange: the planner's step time)"
+    ]
+    if it.known:
+        lines.append(
+            f"dense forward + backward {ms(it.dense)} (the model's FLOPs on one GPU's "
+            "samples; the next batch's keys travel during it)"
+        )
+    else:
+        lines.append("dense forward + backward not counted (the hardware gives no dense_flops)")
+    if it.dense_allreduce > 0:
+        lines.append(
+            f"dense all-reduce {ms(it.dense_allreduce)}"
+            + (f", with {ms(it.hidden)} of the dp exchange running under it" if it.hidden else "")
+        )
+    lines.append(
+        f"iteration {ms(it.seconds)} as the trainer runs it, {it.samples_per_second:,.0f} "
+        f"samples/s{'' if it.known else ' (without the dense part)'}"
+    )
+    return lines

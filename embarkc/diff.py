@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from embark_runtime.plan import Plan, PlanError, load_plan
+from embarkc.dense import iteration_of
 from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import Program
 from embarkc.migration import Migration, migration_cost
@@ -142,6 +143,11 @@ class PlanView(_Frozen):
     """The planner's lower bound on any plan of the spec (`embarkc.planner.bound`)."""
     critical_path: float | None = None
     """The step time if every phase waited for its slowest rank (docs/plan.md)."""
+    iteration: float | None = None
+    """The whole iteration as the trainer runs it: the step time plus the dense forward,
+    backward and all-reduce, less what overlaps (`embarkc.dense.Iteration`); None when
+    the plan's hardware gives no dense rate."""
+    samples_per_second: float | None = None
 
 
 def _critical_path(estimate: Any, ranks: list[RankView]) -> float | None:
@@ -278,8 +284,13 @@ def view_of(plan: Plan, program: Program | None = None) -> PlanView:
     planner = _get(estimate, "planner") or plan.planner
     bound = _get(plan.planner, "bound")
     low = _get(plan.planner, "lower_bound")
+    step = float(_get(estimate, "step_time"))
+    it = iteration_of(plan)
+    iteration = step + it.dense + it.dense_allreduce - it.hidden if it.known else None
     return PlanView(
-        step_time=float(_get(estimate, "step_time")),
+        iteration=iteration,
+        samples_per_second=plan.batch_size / iteration if iteration else None,
+        step_time=step,
         critical_rank=None if critical is None else int(critical),
         components=components,
         peak_memory=max((r.memory_bytes for r in ranks), default=0),
@@ -346,6 +357,8 @@ class Summary(_Frozen):
     bound: Change
     lower_bound: Change
     critical_path: Change
+    iteration: Change
+    samples_per_second: Change
 
 
 class TableChange(_Frozen):
@@ -718,6 +731,8 @@ def diff_views(
         bound=_change(va.bound, vb.bound),
         lower_bound=_change(va.lower_bound, vb.lower_bound),
         critical_path=_change(va.critical_path, vb.critical_path),
+        iteration=_change(va.iteration, vb.iteration),
+        samples_per_second=_change(va.samples_per_second, vb.samples_per_second),
     )
 
     changed: list[TableChange] = []
@@ -882,6 +897,11 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def fmt_rate(per_second: float | None) -> str:
+    """Samples per second, grouped (`437,167/s`)."""
+    return "-" if per_second is None else f"{per_second:,.0f}/s"
+
+
 def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"
@@ -968,13 +988,36 @@ def render_markdown(d: PlanDiff) -> str:
     lines.append(f"A: `{d.a}`, B: `{d.b}`")
     lines.append("")
     rows = [
-        ["step time", fmt_time(s.step_time.a), fmt_time(s.step_time.b), fmt_pct(s.step_time)],
+        [
+            "embedding step time",
+            fmt_time(s.step_time.a),
+            fmt_time(s.step_time.b),
+            fmt_pct(s.step_time),
+        ],
         [
             "critical path (phases wait)",
             fmt_time(s.critical_path.a),
             fmt_time(s.critical_path.b),
             fmt_pct(s.critical_path),
         ],
+        *(
+            [
+                [
+                    "iteration (with the dense part)",
+                    fmt_time(s.iteration.a),
+                    fmt_time(s.iteration.b),
+                    fmt_pct(s.iteration),
+                ],
+                [
+                    "samples/s",
+                    fmt_rate(s.samples_per_second.a),
+                    fmt_rate(s.samples_per_second.b),
+                    fmt_pct(s.samples_per_second),
+                ],
+            ]
+            if s.iteration.a is not None or s.iteration.b is not None
+            else []
+        ),
         [
             "peak memory / GPU",
             fmt_bytes(s.peak_memory.a),
@@ -1191,7 +1234,7 @@ def render_terminal(d: PlanDiff, console: Any) -> None:
     for h in ("", "A", "B", "change"):
         t.add_column(h, justify="right" if h else "left")
     t.add_row(
-        "step time",
+        "embedding step time",
         fmt_time(s.step_time.a),
         fmt_time(s.step_time.b),
         coloured(s.step_time, fmt_pct(s.step_time)),
@@ -1202,6 +1245,19 @@ def render_terminal(d: PlanDiff, console: Any) -> None:
         fmt_time(s.critical_path.b),
         coloured(s.critical_path, fmt_pct(s.critical_path)),
     )
+    if s.iteration.a is not None or s.iteration.b is not None:
+        t.add_row(
+            "iteration (with the dense part)",
+            fmt_time(s.iteration.a),
+            fmt_time(s.iteration.b),
+            coloured(s.iteration, fmt_pct(s.iteration)),
+        )
+        t.add_row(
+            "samples/s",
+            fmt_rate(s.samples_per_second.a),
+            fmt_rate(s.samples_per_second.b),
+            fmt_pct(s.samples_per_second),
+        )
     t.add_row(
         "peak memory / GPU",
         fmt_bytes(s.peak_memory.a),

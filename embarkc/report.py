@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from embark_runtime.plan import Plan
+from embarkc.dense import iteration_lines
 from embarkc.diagnostics import EmbarkError
 from embarkc.diff import COMPONENTS, PlanView, fmt_bytes, fmt_time, view_of
 from embarkc.ir import Program
@@ -210,11 +211,12 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
             f"{sum(t.rows * t.dim for t in plan.tables):,} parameters",
         ),
         (
-            "predicted step",
+            "predicted embedding step",
             f"{fmt_time(view.step_time)}, critical rank {view.critical_rank}"
             if view.critical_rank is not None
             else fmt_time(view.step_time),
         ),
+        ("predicted iteration", "; ".join(iteration_lines(plan)[1:])),
         (
             "peak memory",
             f"{fmt_bytes(view.peak_memory)} of {fmt_bytes(topo.hbm_bytes)} per GPU "

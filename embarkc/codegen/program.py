@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from embark_runtime.plan import Plan
+from embarkc.dense import iteration_of
 from embarkc.diagnostics import EmbarkError
 from embarkc.emit import GeneratedFile, printable
 from embarkc.ir import Program
@@ -178,6 +179,7 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
                 "parameters": f"{params:,}",
             }
         )
+    it = iteration_of(plan)
     return {
         "name": program.name,
         "spec": md_code(spec_path),
@@ -192,6 +194,22 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         "solver": plan.planner.solver,
         "status": plan.planner.status,
         "step_time_ms": f"{plan.estimate.step_time * 1e3:.3f}",
+        "dense_ms": f"{it.dense * 1e3:.3f} ms"
+        if it.known
+        else "not counted (the hardware gives no dense_flops)",
+        "dense_allreduce_ms": f"{it.dense_allreduce * 1e3:.3f} ms",
+        "iteration_ms": f"{it.seconds * 1e3:.3f}",
+        "overlap": (
+            "the next batch's keys travel during the dense compute"
+            if it.known
+            else "without the dense part: the hardware gives no dense_flops"
+        )
+        + (
+            f"; {it.hidden * 1e3:.3f} ms of the dp exchange runs under the dense all-reduce"
+            if it.hidden
+            else ""
+        ),
+        "samples_per_s": f"{it.samples_per_second:,.0f}",
         "max_memory": _human_bytes(max(memory)) if memory else "0 B",
         "hbm": _human_bytes(topo.hbm_bytes),
         "parameters": f"{sum(t.rows * t.dim for t in plan.tables):,}",

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from embarkc.dense import iteration_lines
 from embarkc.diagnostics import EXIT_OK, Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import STRATEGIES
 
@@ -198,6 +199,8 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     comp = extra.get("components", {})
     if comp:
         print("  critical rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in comp.items()))
+    for line in iteration_lines(plan):
+        print("  " + line)
     window = extra.get("key_window")
     if window:
         print(
