@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from embark_runtime.formatting import format_ms
 from embarkc.planner import constants as K
 
 
@@ -199,10 +200,7 @@ def iteration_lines(plan: Any) -> list[str]:
     embedding step, the dense forward and backward, the dense all-reduce, what overlaps
     what, the iteration and samples/s."""
     it = iteration_of(plan)
-
-    def ms(v: float) -> str:
-        return f"{v * 1e3:.3f} ms"
-
+    ms = format_ms
     lines = [
         f"embedding step {ms(it.embedding)} (lookups, keys beyond the dense window, "
         "exchanges, dp exchange: the planner's step time)"

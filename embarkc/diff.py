@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from embark_runtime.formatting import format_bytes, format_pct, format_seconds
 from embark_runtime.plan import Plan, PlanError, load_plan
 from embarkc.dense import iteration_of
 from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
@@ -625,11 +626,11 @@ def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
     elif pct is None or abs(pct) < SAME_PCT:
         head = f"**same step time** ({ta} -> {tb})"
     elif pct > 0:
-        head = f"**slower by {_pct_text(pct)} %** ({ta} -> {tb})"
+        head = f"**slower by {format_pct(pct)} %** ({ta} -> {tb})"
     else:
-        head = f"**faster by {_pct_text(-pct)} %** ({ta} -> {tb})"
+        head = f"**faster by {format_pct(-pct)} %** ({ta} -> {tb})"
     mp = s.peak_memory.pct
-    mem = "unchanged" if mp is None or abs(mp) < SAME_PCT else f"{_pct_text(mp, signed=True)} %"
+    mem = "unchanged" if mp is None or abs(mp) < SAME_PCT else f"{format_pct(mp, signed=True)} %"
     if mp is None and s.peak_memory.a == 0 and s.peak_memory.b:
         mem = f"from nothing to {fmt_bytes(s.peak_memory.b)}"
     moved = migration.total_bytes
@@ -875,7 +876,7 @@ def gate_failures(
         pct = change.pct
         exceeded = (change.b > change.a) if pct is None else pct > limit
         if exceeded:
-            grown = "from 0" if pct is None else f"by {_pct_text(pct)} %"
+            grown = "from 0" if pct is None else f"by {format_pct(pct)} %"
             out.append(
                 f"{what} grew {grown} ({fmt(change.a)} -> {fmt(change.b)}), "
                 f"more than the allowed {limit:g} %"
@@ -887,14 +888,8 @@ def gate_failures(
 
 
 def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = abs(seconds)
-    if s >= 1:
-        return f"{seconds:.3f} s"
-    if s >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
+    """`format_seconds`, "-" for a figure one side lacks."""
+    return "-" if seconds is None else format_seconds(seconds)
 
 
 def fmt_rate(per_second: float | None) -> str:
@@ -903,15 +898,8 @@ def fmt_rate(per_second: float | None) -> str:
 
 
 def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    v = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if v < 1024 or unit == "EiB":
-            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
-        v /= 1024
-    raise AssertionError("unreachable")
+    """`format_bytes`, "-" for a figure one side lacks."""
+    return "-" if n is None else format_bytes(n)
 
 
 def fmt_pct(c: Change) -> str:
@@ -921,14 +909,7 @@ def fmt_pct(c: Change) -> str:
         return "=" if c.a == c.b else "new"
     if abs(c.pct) < SAME_PCT:
         return "="
-    return f"{_pct_text(c.pct, signed=True)} %"
-
-
-def _pct_text(pct: float, signed: bool = False) -> str:
-    """A percentage with one decimal; compact (+3.91e+10) when it is huge."""
-    if abs(pct) >= 1e6:
-        return f"{pct:+.2e}" if signed else f"{pct:.2e}"
-    return f"{pct:+.1f}" if signed else f"{pct:.1f}"
+    return f"{format_pct(c.pct, signed=True)} %"
 
 
 def _fmt_delta(c: Change, fmt: Any) -> str:

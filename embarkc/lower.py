@@ -34,13 +34,14 @@ from typing import Any, TypeVar
 from lark import Token, Tree
 from pydantic import ValidationError
 
+from embark_runtime.formatting import format_bytes
 from embark_runtime.optimizers import columns_may_be_cut
 from embarkc import ir
 from embarkc.diagnostics import Collector, Diagnostic, EmbarkError, Span, did_you_mean
 from embarkc.planner import constants as K
 from embarkc.presets import PRESETS
 from embarkc.syntax import parts, span_of
-from embarkc.units import MAX_INT, Kind, UnitError, format_bytes, quantity
+from embarkc.units import MAX_INT, Kind, UnitError, quantity
 
 MAX_HISTOGRAM_BYTES = 1 << 30
 """Measured histograms can be large (one line per distinct id); 1 GiB of text at most."""

@@ -87,12 +87,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from embark_runtime.dtypes import DTYPE_BYTES
+from embark_runtime.formatting import format_bytes
 from embark_runtime.keys import row_shard_of
 from embark_runtime.plan import Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
 from embarkc.dense import DenseShape, prefetch_window
 from embarkc.planner import constants as C
-from embarkc.units import format_bytes
 
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
 """Components of a rank's step time, as in the plan's estimate."""

@@ -22,6 +22,9 @@ import math
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
+# Formatting lives in embark_runtime.formatting; re-exported for imports not yet moved.
+from embark_runtime.formatting import format_bytes as format_bytes
+
 Kind = Literal["count", "bytes", "bandwidth", "time", "compute"]
 
 MAX_INT = (1 << 63) - 1
@@ -168,21 +171,3 @@ def quantity(number: str, unit: str | None, kind: Kind, *, integer: bool) -> int
     if not math.isfinite(f):
         raise UnitError(f"number `{shorten(number)}` is too large")
     return f
-
-
-def format_bytes(n: float) -> str:
-    """A human size with binary prefixes: 85899345920 -> '80.0 GiB'."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(size) < 1024 or unit == "PiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} PiB"
-
-
-def format_count(n: float) -> str:
-    """A human count: 114572800000 -> '114.57 B' (K, M, B, T as in specs)."""
-    for factor, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
-        if abs(n) >= factor:
-            return f"{n / factor:.2f} {suffix}"
-    return f"{n:g}"

@@ -79,6 +79,7 @@ from embark_runtime.dense import (
     optimizer_state_tensors,
 )
 from embark_runtime.files import output_target
+from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.plan import Plan, PlanError, load_plan
 
@@ -545,7 +546,7 @@ class _Log:
         text = (
             f"step {done}/{self.total}  loss {record['loss']:.5f}  "
             f"{record['samples_per_s']:,.0f} samples/s  "
-            f"{_mib(record['bytes_total'])} moved"
+            f"{format_mib(record['bytes_total'])} moved"
         )
         if self.tty:
             width = 24
@@ -554,7 +555,7 @@ class _Log:
             print(f"\r\x1b[2K[{bar}] {text}", end="" if done < self.total else "\n", flush=True)
         elif done % self.every == 0 or done == self.total:
             per_cluster = ", ".join(
-                f"{c} {_mib(v['intra'] + v['inter'])}" for c, v in record["bytes"].items()
+                f"{c} {format_mib(v['intra'] + v['inter'])}" for c, v in record["bytes"].items()
             )
             print(f"{text} ({per_cluster})", flush=True)
 
@@ -567,10 +568,6 @@ class _Log:
                 self.error = self.error or TrainerError(
                     f"--log-json {self.json_path}: cannot write: {e.strerror or e}"
                 )
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.2f} MiB"
 
 
 # --------------------------------------------------------------------------- export

@@ -19,6 +19,7 @@ import math
 import re
 from typing import Any
 
+from embark_runtime.formatting import format_bytes, format_ms
 from embark_runtime.plan import Plan
 from embarkc.dense import iteration_of
 from embarkc.diagnostics import EmbarkError
@@ -89,14 +90,6 @@ def md_code(text: str) -> str:
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[str, Any]:
@@ -193,25 +186,25 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         "strategy": plan.planner.strategy,
         "solver": plan.planner.solver,
         "status": plan.planner.status,
-        "step_time_ms": f"{plan.estimate.step_time * 1e3:.3f}",
-        "dense_ms": f"{it.dense * 1e3:.3f} ms"
+        "step_time_ms": format_ms(plan.estimate.step_time).removesuffix(" ms"),
+        "dense_ms": format_ms(it.dense)
         if it.known
         else "not counted (the hardware gives no dense_flops)",
-        "dense_allreduce_ms": f"{it.dense_allreduce * 1e3:.3f} ms",
-        "iteration_ms": f"{it.seconds * 1e3:.3f}",
+        "dense_allreduce_ms": format_ms(it.dense_allreduce),
+        "iteration_ms": format_ms(it.seconds).removesuffix(" ms"),
         "overlap": (
             "the next batch's keys travel during the dense compute"
             if it.known
             else "without the dense part: the hardware gives no dense_flops"
         )
         + (
-            f"; {it.hidden * 1e3:.3f} ms of the dp exchange runs under the dense all-reduce"
+            f"; {format_ms(it.hidden)} of the dp exchange runs under the dense all-reduce"
             if it.hidden
             else ""
         ),
         "samples_per_s": f"{it.samples_per_second:,.0f}",
-        "max_memory": _human_bytes(max(memory)) if memory else "0 B",
-        "hbm": _human_bytes(topo.hbm_bytes),
+        "max_memory": format_bytes(max(memory)) if memory else "0 B",
+        "hbm": format_bytes(topo.hbm_bytes),
         "parameters": f"{sum(t.rows * t.dim for t in plan.tables):,}",
         "clusters": clusters,
         "cluster_rows": cluster_rows,

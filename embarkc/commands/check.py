@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def summary_rows(program: Any) -> list[tuple[str, str]]:
     """The summary as (label, value) rows; shared by the plain and the rich output."""
-    from embarkc.units import format_bytes, format_count
+    from embark_runtime.formatting import format_bytes, format_count
 
     topo = program.topology
     gpus = topo.world_size
@@ -198,8 +198,8 @@ def _check_plan_file(path: str) -> None:
 
 def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
     """A plan's summary as (label, value) rows."""
+    from embark_runtime.formatting import format_bytes, format_ms
     from embarkc.planner import fixed_strategy_note
-    from embarkc.units import format_bytes
 
     topo = plan.topology
     kinds: dict[str, int] = {}
@@ -228,7 +228,7 @@ def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
         ),
         ("shards", f"{len(plan.shards)}"),
         ("batch", f"{plan.batch_size:,} ({plan.batch_size // topo.world_size:,} per GPU)"),
-        ("step time", f"{est.step_time * 1e3:.3f} ms estimated{critical}"),
+        ("step time", f"{format_ms(est.step_time)} estimated{critical}"),
         (
             "memory",
             f"at most {format_bytes(mem[worst])} of weights and state on a GPU (rank "

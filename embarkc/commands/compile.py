@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from embark_runtime.formatting import format_ms
 from embarkc.commands import check_planner_options
 from embarkc.diagnostics import Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import STRATEGIES
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             + f" (plan {plan.planner.strategy}"
             + (f" from {args.plan}" if args.plan is not None else "")
             + f", {plan.world_size} ranks, "
-            f"estimated step {plan.estimate.step_time * 1e3:.3f} ms)"
+            f"estimated step {format_ms(plan.estimate.step_time)})"
         )
     return 0
 

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from embark_runtime.formatting import format_bytes, format_ms
 from embarkc.dense import iteration_lines
 from embarkc.diagnostics import EXIT_OK, Diagnostic, EmbarkError, print_warnings
 from embarkc.ir import STRATEGIES
@@ -80,14 +81,8 @@ def _check_output(args: argparse.Namespace) -> None:
         refuse_folder_output(out, "the plan", "plan.json")
 
 
-def _ms(x: float) -> str:
-    return f"{x * 1e3:.3f} ms"
-
-
 def _gib(x: float) -> str:
-    from embarkc.units import format_bytes
-
-    return str(format_bytes(int(x)))
+    return format_bytes(int(x))
 
 
 _clock = time.perf_counter
@@ -136,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         with Console(stderr=True).status("planning ...") as status:
 
             def progress(stage: str, done: float, best: float) -> None:
-                status.update(f"{stage}: {done * 100:.0f} %, best step time {_ms(best)}")
+                status.update(f"{stage}: {done * 100:.0f} %, best step time {format_ms(best)}")
 
             plan = plan_program(program, progress=progress, **kwargs)  # type: ignore[arg-type]
     else:
@@ -193,18 +188,18 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     info = plan.planner
     pextra = info.model_extra or {}
     print(
-        f"plan: {topo.nodes} x {topo.gpus_per_node} GPUs, step time {_ms(est.step_time)} "
+        f"plan: {topo.nodes} x {topo.gpus_per_node} GPUs, step time {format_ms(est.step_time)} "
         f"(critical rank {extra.get('critical_rank', '?')})"
     )
     comp = extra.get("components", {})
     if comp:
-        print("  critical rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in comp.items()))
+        print("  critical rank: " + ", ".join(f"{k} {format_ms(v)}" for k, v in comp.items()))
     for line in iteration_lines(plan):
         print("  " + line)
     window = extra.get("key_window")
     if window:
         print(
-            f"  keys: sent during the previous step's dense compute, {_ms(window)} "
+            f"  keys: sent during the previous step's dense compute, {format_ms(window)} "
             f"(fp32 at {topo.dense_flops / 1e12:g} TFLOP/s): only key time beyond it counts"
         )
     elif window is not None:
@@ -212,7 +207,7 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     path = extra.get("critical_path")
     if path and topo.nodes * topo.gpus_per_node > 1:
         print(
-            f"  critical path {_ms(path)} if every phase waited for its slowest rank "
+            f"  critical path {format_ms(path)} if every phase waited for its slowest rank "
             "(lookups, keys, results, dp exchange)"
         )
     ranks = sorted(est.per_rank, key=lambda r: (-r.time, r.rank))
@@ -221,15 +216,15 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     for r in sorted(shown, key=lambda r: r.rank):
         mem = (r.model_extra or {}).get("memory", {})
         print(
-            f"  {r.rank:4d}  {_ms(r.time):>12}  {_gib(r.memory_bytes):>12}"
+            f"  {r.rank:4d}  {format_ms(r.time):>12}  {_gib(r.memory_bytes):>12}"
             f"  {_gib(mem.get('buffers', 0)):>12}"
         )
     if len(shown) < len(ranks):
         times = [r.time for r in ranks]
         mems = [r.memory_bytes for r in ranks]
         print(
-            f"  ... {len(ranks) - len(shown)} more ranks; time min {_ms(min(times))} "
-            f"mean {_ms(sum(times) / len(times))}; memory max {_gib(max(mems))} "
+            f"  ... {len(ranks) - len(shown)} more ranks; time min {format_ms(min(times))} "
+            f"mean {format_ms(sum(times) / len(times))}; memory max {_gib(max(mems))} "
             f"mean {_gib(sum(mems) / len(mems))}"
         )
     print("clusters:")
@@ -247,18 +242,18 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     if pextra.get("message"):
         print(f"  {pextra['message']}")
     if "greedy_step_time" in pextra:
-        print(f"  greedy step time {_ms(pextra['greedy_step_time'])}")
+        print(f"  greedy step time {format_ms(pextra['greedy_step_time'])}")
     if info.solver == "cp-sat" and info.wall_time and pextra.get("objective") is not None:
         bound = pextra.get("bound")
         print(
-            f"  cp-sat objective {_ms(pextra['objective'])}"
-            + (f", bound {_ms(bound)}" if bound is not None else "")
+            f"  cp-sat objective {format_ms(pextra['objective'])}"
+            + (f", bound {format_ms(bound)}" if bound is not None else "")
             + " (of the last model it accepted)"
         )
     low = pextra.get("lower_bound")
     if low:
         print(
-            f"  lower bound {_ms(low)} for any plan (all the work spread evenly): "
+            f"  lower bound {format_ms(low)} for any plan (all the work spread evenly): "
             f"this plan is {100 * (est.step_time / low - 1):.1f} % above it"
         )
     if info.strategy in ("embark", "greedy") and "baselines" not in pextra:
@@ -274,7 +269,7 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     costed = pextra.get("baselines", {})
     ignoring = _ignoring_constraints(program, sorted(costed)) if program.constraints else set()
     for name, t in sorted(costed.items()):
-        line = f"  baseline {name:15s} {_ms(t):>12}  ({t / est.step_time:.2f}x the plan"
+        line = f"  baseline {name:15s} {format_ms(t):>12}  ({t / est.step_time:.2f}x the plan"
         if name in ignoring:
             # the lower bound is of the plans the spec allows; this one it does not
             line += ", ignoring the spec's constraints: not a plan of this spec"
@@ -314,7 +309,7 @@ def _explain(program: Any, plan: Any, table: str) -> None:
     print("  kind  grid      step time     memory/rank   verdict")
     for r in rows:
         print(
-            f"  {_kind(r):4s}  {r['grid']:8s}  {_ms(r['step_time']):>12}  "
+            f"  {_kind(r):4s}  {r['grid']:8s}  {format_ms(r['step_time']):>12}  "
             f"{_gib(r['max_memory']):>12}   {r['verdict']}"
         )
     print(f"  chosen: {_kind(chosen)} {chosen['grid']}")

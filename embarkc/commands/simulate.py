@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from embark_runtime.formatting import format_ms
 from embarkc.diagnostics import EXIT_OK, Diagnostic, print_warnings
 
 HELP = "count a plan's traffic and work on sampled batches and estimate its step time"
@@ -133,10 +134,6 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _ms(x: float) -> str:
-    return f"{x * 1e3:.3f} ms"
-
-
 def _mb(x: float) -> str:
     return f"{x / 1e6:,.1f}"
 
@@ -167,35 +164,35 @@ def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_
         net = sum(v["inter"] for v in r.sent.values())
         print(
             f"  {r.rank:4d} {r.rank // g:4d} {r.ids:10,.0f} {r.distinct:10,.0f} "
-            f"{_mb(r.hbm_bytes):>8} {_mb(nv):>10} {_mb(net):>11} {_ms(r.time):>12}"
+            f"{_mb(r.hbm_bytes):>8} {_mb(nv):>10} {_mb(net):>11} {format_ms(r.time):>12}"
         )
     if many:
         times = [r.time for r in ranks]
         print(
-            f"  ... {len(ranks) - len(shown)} more ranks; time min {_ms(min(times))}, "
-            f"mean {_ms(sum(times) / len(times))}, max {_ms(max(times))}"
+            f"  ... {len(ranks) - len(shown)} more ranks; time min {format_ms(min(times))}, "
+            f"mean {format_ms(sum(times) / len(times))}, max {format_ms(max(times))}"
         )
     print("bytes per step by cluster (MB):      intra-node   inter-node")
     for name, v in result.clusters.items():
         if v["intra"] or v["inter"] or name != "dense":
             print(f"  {name:28s} {_mb(v['intra']):>14} {_mb(v['inter']):>12}")
     print(
-        f"step time {_ms(result.step_time)} (critical rank {result.critical_rank}); "
-        f"dense all-reduce {_ms(result.dense_allreduce_time)} (apart, as in the estimate)"
+        f"step time {format_ms(result.step_time)} (critical rank {result.critical_rank}); "
+        f"dense all-reduce {format_ms(result.dense_allreduce_time)} (apart, as in the estimate)"
     )
     if 1 < result.batches <= SHOWN_BATCHES:
-        print("  per batch: " + ", ".join(_ms(t) for t in result.step_times))
+        print("  per batch: " + ", ".join(format_ms(t) for t in result.step_times))
     elif result.batches > SHOWN_BATCHES:
         times = sorted(result.step_times)
         print(
-            f"  per batch: min {_ms(times[0])}, median {_ms(times[len(times) // 2])}, "
-            f"max {_ms(times[-1])}"
+            f"  per batch: min {format_ms(times[0])}, median {format_ms(times[len(times) // 2])}, "
+            f"max {format_ms(times[-1])}"
         )
     from embarkc.simulate import key_window
 
     window = key_window(plan)
     print(
-        f"  keys: sent during the previous step's dense compute, {_ms(window)}: "
+        f"  keys: sent during the previous step's dense compute, {format_ms(window)}: "
         "only key time beyond it counts"
         if window
         else "  keys: charged in full (the plan's topology gives no dense_flops)"
@@ -209,17 +206,17 @@ def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_
     print(f"estimate vs simulated ({where}):   estimate    simulated   difference")
     for name, sim in sim_c.items():
         e = comps.get(name)
-        e_txt = _ms(e) if e is not None else "n/a"
-        print(f"  {name:22s} {e_txt:>14} {_ms(sim):>12}   {_pct(diff.get(name))}")
+        e_txt = format_ms(e) if e is not None else "n/a"
+        print(f"  {name:22s} {e_txt:>14} {format_ms(sim):>12}   {_pct(diff.get(name))}")
     print(
-        f"  {'step time':22s} {_ms(est.step_time):>14} {_ms(result.step_time):>12}   "
+        f"  {'step time':22s} {format_ms(est.step_time):>14} {format_ms(result.step_time):>12}   "
         f"{_pct(diff.get('step_time'))}"
     )
     if plan.world_size > 1:
         path = (est.model_extra or {}).get("critical_path")
         print(
-            f"  {'critical path':22s} {_ms(path) if path is not None else 'n/a':>14} "
-            f"{_ms(result.critical_path):>12}   {_pct(diff.get('critical_path'))}"
+            f"  {'critical path':22s} {format_ms(path) if path is not None else 'n/a':>14} "
+            f"{format_ms(result.critical_path):>12}   {_pct(diff.get('critical_path'))}"
         )
     if diff.get("mean_rank_time") is not None:
         print(f"  mean |difference| of the per-rank times: {diff['mean_rank_time']:.2f}%")

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from embark_runtime.formatting import format_bytes
 from embark_runtime.optimizers import columns_may_be_cut
 from embark_runtime.plan import Plan
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
 from embarkc.planner.cost import CostModel, owner_seconds
 from embarkc.planner.types import Layout, Placement, column_widths
-from embarkc.units import format_bytes
 
 FIXED = STRATEGIES[2:]
 

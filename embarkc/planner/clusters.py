@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from embark_runtime.formatting import format_bytes
 from embark_runtime.optimizers import columns_may_be_cut
 from embarkc.diagnostics import Diagnostic, EmbarkError
 from embarkc.ir import Program
 from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
 from embarkc.planner.types import Kind, column_widths
-from embarkc.units import format_bytes
 
 
 @dataclass(frozen=True)
