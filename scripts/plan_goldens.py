@@ -103,8 +103,9 @@ def _planner(name: str) -> Callable[[], str]:
         )
     if parts[0] == "fuzz":
         sys.path.insert(0, str(ROOT / "bench"))
-        from embarkc.frontend import load_program_text
         from plan_time_fuzz import random_spec
+
+        from embarkc.frontend import load_program_text
 
         seed, solver = int(parts[1]), parts[2]
         text, _ = random_spec(seed)
@@ -154,9 +155,7 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="compare with the goldens")
     mode.add_argument("--write", action="store_true", help="record the goldens again")
-    ap.add_argument(
-        "--only", nargs="+", default=GROUPS, help="groups of cases"
-    )
+    ap.add_argument("--only", nargs="+", default=GROUPS, help="groups of cases")
     ap.add_argument("--jobs", type=int, default=1, help="processes planning at once")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case")
     a = ap.parse_args()

@@ -18,9 +18,7 @@ goldens = importlib.util.module_from_spec(_spec)
 sys.modules["plan_goldens"] = goldens
 _spec.loader.exec_module(goldens)
 
-CASES = [f"paper4/{n}/greedy" for n in goldens.NAMES] + [
-    f"fuzz/{i}/greedy" for i in range(20)
-]
+CASES = [f"paper4/{n}/greedy" for n in goldens.NAMES] + [f"fuzz/{i}/greedy" for i in range(20)]
 
 
 def test_goldens_cover_every_case() -> None:
