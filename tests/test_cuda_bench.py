@@ -41,7 +41,7 @@ def test_snapshot_of_the_bench_kernels_is_current():
     if os.environ.get("EMBARKC_ACCEPT"):
         bench.write_snapshot()
     have = {p.name: p.read_text() for p in bench.SNAPSHOT.iterdir()}
-    assert have == want, "bench/gpu/kernels is stale: rerun with EMBARKC_ACCEPT=1"
+    assert have == want, "tests/snapshots/bench_kernels is stale: rerun with EMBARKC_ACCEPT=1"
 
 
 def test_without_jinja_the_snapshot_is_used(monkeypatch):

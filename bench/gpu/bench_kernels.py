@@ -45,7 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-SNAPSHOT = HERE / "kernels"
+SNAPSHOT = HERE.parent.parent / "tests" / "snapshots" / "bench_kernels"
+"""The rendered bench kernels, checked in: the tests keep them equal to a live render (a
+golden of the templates) and a GPU machine without jinja2 reads them."""
 
 
 def _bootstrap() -> None:
@@ -138,7 +140,7 @@ SNAPSHOT_HEADER = (
 
 
 def snapshot_files() -> dict[str, str]:
-    """{file name: text} of bench/gpu/kernels as a live render would write it."""
+    """{file name: text} of tests/snapshots/bench_kernels as a live render would write it."""
     out = {}
     for path, text in render_bench_kernels().items():
         name = path.removeprefix("kernels/")
@@ -162,12 +164,12 @@ def write_snapshot() -> None:
 
 def load_sources() -> tuple[dict[str, str], str]:
     """Rendered live when the compiler's dependencies are here, else the checked-in
-    snapshot (bench/gpu/kernels, kept equal to a live render by the tests)."""
+    snapshot (tests/snapshots/bench_kernels, kept equal to a live render by the tests)."""
     try:
         return render_bench_kernels(), "rendered live"
     except ImportError as e:
         files = {f"kernels/{p.name}": p.read_text() for p in sorted(SNAPSHOT.iterdir())}
-        return files, f"snapshot bench/gpu/kernels ({e.name} not installed)"
+        return files, f"snapshot tests/snapshots/bench_kernels ({e.name} not installed)"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1141,7 +1143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--write-snapshot",
         action="store_true",
-        help="rewrite bench/gpu/kernels from the templates and exit",
+        help="rewrite tests/snapshots/bench_kernels from the templates and exit",
     )
     args = ap.parse_args(argv)
     _bootstrap()
