@@ -12,8 +12,8 @@ the number of ids per segment travels as (uncounted) bookkeeping:
 * `cells_on[o]`: the cells of the cluster on rank o, by (table, row shard, first column);
 * `rowshards_on[o]`: the distinct (table, row shard) pairs among them;
 * an owner's pooling input of (table, row shard) concatenates, source rank by source rank,
-  then feature by feature (plan order), the units of the bags it received (see
-  `embark_runtime.distributor`); `block(t, j, a)` is source a's range of units.
+  then feature by feature (plan order), the slots of the bags it received (see
+  `embark_runtime.distributor`); `block(t, j, a)` is source a's range of slots.
 
 What travels is exactly docs/communication.md: rb sends int64 keys, one int32 bag length
 per (sample, feature) and fp32 per-id weights to every owner rank of a row shard, and
@@ -80,7 +80,7 @@ def merge_ranges(ranges) -> list[tuple[int, int]]:
 def combine_bags(
     parts: list[tuple[Tensor, Tensor, Tensor | None]], weighted: bool, device
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Concatenate (rows, unit lengths, weights) groups into one bag list for one kernel
+    """Concatenate (rows, slot lengths, weights) groups into one bag list for one kernel
     call; unweighted groups get weight 1 when any group is weighted."""
     rows = _cat([p[0] for p in parts], I64, device)
     lengths = _cat([p[1] for p in parts], I64, device)
@@ -149,23 +149,23 @@ class Cluster:
         self.any_weighted = any(f.weighted for fs in self.features.values() for f in fs)
         self.any_concat = any(f.pooling == "concat" for fs in self.features.values() for f in fs)
 
-    def feature_units(self, table: str, b: int) -> list[int]:
+    def feature_slots(self, table: str, b: int) -> list[int]:
         return [b * f.bag_max if f.pooling == "concat" else b for f in self.features[table]]
 
-    def units(self, table: str, b: int) -> int:
-        return sum(self.feature_units(table, b))
+    def slots(self, table: str, b: int) -> int:
+        return sum(self.feature_slots(table, b))
 
     def finish_table(
         self, table: str, acc: Tensor, feats: dict[str, FeatureInput]
     ) -> dict[str, Tensor]:
-        """Split a table's summed units into its features' outputs."""
+        """Split a table's summed slots into its features' outputs."""
         dim = self.table_by_name[table].dim
         out = {}
         start = 0
         for f in self.features[table]:
             fi = feats[f.name]
-            out[f.name] = fi.finish(acc[start : start + fi.units], dim)
-            start += fi.units
+            out[f.name] = fi.finish(acc[start : start + fi.slots], dim)
+            start += fi.slots
         return out
 
     def table_unit_grads(self, table: str, feats, grads: dict[str, Tensor]) -> Tensor:
@@ -206,7 +206,7 @@ class DpCluster(Cluster):
             for f in self.features[t.name]:
                 fi = feats[f.name]
                 pooled = self.kernels.pooled_forward(
-                    w, fi.ids, fi.unit_offsets(), fi.weights, "sum"
+                    w, fi.ids, fi.slot_offsets(), fi.weights, "sum"
                 )
                 out[f.name] = fi.finish(pooled, t.dim)
         return out
@@ -218,7 +218,7 @@ class DpCluster(Cluster):
             fs = self.features[t.name]
             rows, offsets, weights = combine_bags(
                 [
-                    (feats[f.name].ids, feats[f.name].unit_offsets().diff(), feats[f.name].weights)
+                    (feats[f.name].ids, feats[f.name].slot_offsets().diff(), feats[f.name].weights)
                     for f in fs
                 ],
                 any(f.weighted for f in fs),
@@ -369,7 +369,7 @@ class OwnerBags:
     offsets: Tensor
     weights: Tensor | None
     blocks: list[tuple[int, int]]
-    """units of every source rank: [start, end) in the pooled output"""
+    """slots of every source rank: [start, end) in the pooled output"""
 
 
 class RbCluster(ShardedCluster):
@@ -508,7 +508,7 @@ class RbCluster(ShardedCluster):
 
         acc = {
             t.name: torch.zeros(
-                self.units(t.name, bvec[me]), t.dim, dtype=self.acc, device=self.device
+                self.slots(t.name, bvec[me]), t.dim, dtype=self.acc, device=self.device
             )
             for t in self.tables
         }
@@ -518,13 +518,13 @@ class RbCluster(ShardedCluster):
                 for a in range(self.comm.world)
             ]
             counts = [
-                sum(self.units(c.table, bvec[me]) * c.width for c in self.cells_on[o])
+                sum(self.slots(c.table, bvec[me]) * c.width for c in self.cells_on[o])
                 for o in range(self.comm.world)
             ]
             got = self._a2a(chunks, counts, traffic)
             for o in range(self.comm.world):
                 self._unpack_into(
-                    acc, got[o], [(c, self.units(c.table, bvec[me])) for c in self.cells_on[o]]
+                    acc, got[o], [(c, self.slots(c.table, bvec[me])) for c in self.cells_on[o]]
                 )
         else:
             self._forward_hierarchical(piece, acc, bvec, traffic)
@@ -535,9 +535,9 @@ class RbCluster(ShardedCluster):
 
     def _unpack_into(self, acc, flat: Tensor, layout) -> None:
         pos = 0
-        for c, units in layout:
-            n = units * c.width
-            acc[c.table][:, c.lo : c.hi] += flat[pos : pos + n].reshape(units, c.width)
+        for c, slots in layout:
+            n = slots * c.width
+            acc[c.table][:, c.lo : c.hi] += flat[pos : pos + n].reshape(slots, c.width)
             pos += n
 
     def _forward_hierarchical(self, piece, acc, bvec, traffic) -> None:
@@ -555,13 +555,13 @@ class RbCluster(ShardedCluster):
         ]
         mine = [me, *self.remote_rail(me)]
         counts = [
-            sum(self.units(c.table, bvec[r]) * c.width for r in mine for c in self.cells_on[o])
+            sum(self.slots(c.table, bvec[r]) * c.width for r in mine for c in self.cells_on[o])
             for o in node_peers
         ]
         got = self._a2a(chunks, counts, traffic, scope="node")
         sums = {
             (r, t.name, g): torch.zeros(
-                self.units(t.name, bvec[r]), g[1] - g[0], dtype=self.acc, device=self.device
+                self.slots(t.name, bvec[r]), g[1] - g[0], dtype=self.acc, device=self.device
             )
             for r in mine[1:]
             for t in self.tables
@@ -571,9 +571,9 @@ class RbCluster(ShardedCluster):
             pos = 0
             for r in mine:
                 for c in self.cells_on[o]:
-                    units = self.units(c.table, bvec[r])
-                    n = units * c.width
-                    block = flat[pos : pos + n].reshape(units, c.width)
+                    slots = self.slots(c.table, bvec[r])
+                    n = slots * c.width
+                    block = flat[pos : pos + n].reshape(slots, c.width)
                     pos += n
                     if r == me:
                         acc[c.table][:, c.lo : c.hi] += block
@@ -599,7 +599,7 @@ class RbCluster(ShardedCluster):
             0
             if p == me
             else sum(
-                self.units(t.name, bvec[me]) * (g[1] - g[0])
+                self.slots(t.name, bvec[me]) * (g[1] - g[0])
                 for t in self.tables
                 for g in self.groups[(comm.node_of(p), t.name)]
             )
@@ -611,10 +611,10 @@ class RbCluster(ShardedCluster):
                 continue
             pos = 0
             for t in self.tables:
-                units = self.units(t.name, bvec[me])
+                slots = self.slots(t.name, bvec[me])
                 for lo, hi in self.groups[(comm.node_of(p), t.name)]:
-                    n = units * (hi - lo)
-                    acc[t.name][:, lo:hi] += flat[pos : pos + n].reshape(units, hi - lo)
+                    n = slots * (hi - lo)
+                    acc[t.name][:, lo:hi] += flat[pos : pos + n].reshape(slots, hi - lo)
                     pos += n
 
     # ------------------------------------------------------------------ backward
@@ -628,7 +628,7 @@ class RbCluster(ShardedCluster):
                 for o in range(comm.world)
             ]
             counts = [
-                sum(self.units(c.table, bvec[a]) * c.width for c in self.cells_on[me])
+                sum(self.slots(c.table, bvec[a]) * c.width for c in self.cells_on[me])
                 for a in range(comm.world)
             ]
             got = self._a2a(chunks, counts, traffic)
@@ -649,9 +649,9 @@ class RbCluster(ShardedCluster):
         pos = 0
         for r in sources:
             for c in self.cells_on[self.comm.rank]:
-                units = self.units(c.table, bvec[r])
-                n = units * c.width
-                received[c][r] = flat[pos : pos + n].reshape(units, c.width)
+                slots = self.slots(c.table, bvec[r])
+                n = slots * c.width
+                received[c][r] = flat[pos : pos + n].reshape(slots, c.width)
                 pos += n
 
     def _backward_hierarchical(self, gt, received, bvec, traffic) -> None:
@@ -677,7 +677,7 @@ class RbCluster(ShardedCluster):
             0
             if p == me
             else sum(
-                self.units(t.name, bvec[p]) * (g[1] - g[0])
+                self.slots(t.name, bvec[p]) * (g[1] - g[0])
                 for t in self.tables
                 for g in self.groups[(mynode, t.name)]
             )
@@ -690,10 +690,10 @@ class RbCluster(ShardedCluster):
                 continue
             pos = 0
             for t in self.tables:
-                units = self.units(t.name, bvec[p])
+                slots = self.slots(t.name, bvec[p])
                 for g in self.groups[(mynode, t.name)]:
-                    n = units * (g[1] - g[0])
-                    remote[(p, t.name, g)] = flat[pos : pos + n].reshape(units, g[1] - g[0])
+                    n = slots * (g[1] - g[0])
+                    remote[(p, t.name, g)] = flat[pos : pos + n].reshape(slots, g[1] - g[0])
                     pos += n
         # step A' (NVLink): own gradients and the remote ones, to every owner of the node
         node_peers = comm.peers("node")
@@ -712,7 +712,7 @@ class RbCluster(ShardedCluster):
         ]
         counts = [
             sum(
-                self.units(c.table, bvec[r]) * c.width
+                self.slots(c.table, bvec[r]) * c.width
                 for r in [q, *self.remote_rail(q)]
                 for c in self.cells_on[me]
             )
@@ -868,7 +868,7 @@ class UbCluster(ShardedCluster):
                 local = inv[start : start + fi.ids.numel()]
                 start += fi.ids.numel()
                 pooled = self.kernels.pooled_forward(
-                    table_rows[t.name], local, fi.unit_offsets(), fi.weights, "sum"
+                    table_rows[t.name], local, fi.slot_offsets(), fi.weights, "sum"
                 )
                 out[f.name] = fi.finish(pooled, t.dim)
         return out
@@ -1028,7 +1028,7 @@ class UbCluster(ShardedCluster):
             for f in fs:
                 fi = feats[f.name]
                 parts.append(
-                    (inv[start : start + fi.ids.numel()], fi.unit_offsets().diff(), fi.weights)
+                    (inv[start : start + fi.ids.numel()], fi.slot_offsets().diff(), fi.weights)
                 )
                 start += fi.ids.numel()
             rows, offsets, weights = combine_bags(parts, any(f.weighted for f in fs), self.device)

@@ -1,10 +1,10 @@
 """The data distributor: validated bags, their split by row shard, per-destination dedup.
 
-Pooling units. Every cluster pools "units" with a plain sum: for sum and mean features a
-unit is a sample's bag (the requester divides by the WHOLE bag length afterwards, so a
-mean over a row-sharded bag is exact), for a concat feature of hotness h a unit is one
+Pooling slots. Every cluster pools "slots" with a plain sum: for sum and mean features a
+slot is a sample's bag (the requester divides by the WHOLE bag length afterwards, so a
+mean over a row-sharded bag is exact), for a concat feature of hotness h a slot is one
 (sample, position) pair holding at most one id (output [b, h * dim], absent positions are
-zeros). `FeatureInput.unit_offsets()` gives the units' offsets into the feature's ids.
+zeros). `FeatureInput.slot_offsets()` gives the slots' offsets into the feature's ids.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class FeatureInput:
         return int(self.offsets.numel()) - 1
 
     @property
-    def units(self) -> int:
+    def slots(self) -> int:
         return self.b * self.hotness if self.pooling == "concat" else self.b
 
     def lengths(self) -> Tensor:
@@ -55,7 +55,7 @@ class FeatureInput:
             - self.offsets[self.sample_of_ids()]
         )
 
-    def unit_offsets(self) -> Tensor:
+    def slot_offsets(self) -> Tensor:
         if self.pooling != "concat":
             return self.offsets
         h = self.hotness
@@ -63,21 +63,21 @@ class FeatureInput:
         starts = self.offsets[:-1].unsqueeze(1) + torch.minimum(p, self.lengths().unsqueeze(1))
         return torch.cat([starts.reshape(-1), self.offsets[-1:]])
 
-    def finish(self, pooled_units: Tensor, dim: int) -> Tensor:
-        """Summed units [units, dim] -> the feature's output [b, out_dim]."""
+    def finish(self, pooled_slots: Tensor, dim: int) -> Tensor:
+        """Summed slots [slots, dim] -> the feature's output [b, out_dim]."""
         if self.pooling == "concat":
-            return pooled_units.reshape(self.b, self.hotness * dim)
+            return pooled_slots.reshape(self.b, self.hotness * dim)
         if self.pooling == "mean":
-            return pooled_units / self.lengths().clamp(min=1).unsqueeze(1).to(pooled_units.dtype)
-        return pooled_units
+            return pooled_slots / self.lengths().clamp(min=1).unsqueeze(1).to(pooled_slots.dtype)
+        return pooled_slots
 
     def unit_grads(self, grad: Tensor, dim: int) -> Tensor:
-        """Gradient of the output [b, out_dim] -> gradient of the summed units [units, dim]
+        """Gradient of the output [b, out_dim] -> gradient of the summed slots [slots, dim]
         (fp64 stays fp64, the exact mode; anything else becomes fp32)."""
         if grad.dtype != torch.float64:
             grad = grad.float()
         if self.pooling == "concat":
-            return grad.reshape(self.units, dim)
+            return grad.reshape(self.slots, dim)
         if self.pooling == "mean":
             return grad / self.lengths().clamp(min=1).unsqueeze(1).to(grad.dtype)
         return grad
@@ -234,7 +234,7 @@ def unique_by_row_shard(
 def unit_lengths_at_owner(
     lengths: Tensor, positions: Tensor | None, pooling: str, hotness: int
 ) -> Tensor:
-    """The unit lengths of one feature's shard part as received by an owner."""
+    """The slot lengths of one feature's shard part as received by an owner."""
     if pooling != "concat":
         return lengths.to(torch.int64)
     assert positions is not None
@@ -242,8 +242,8 @@ def unit_lengths_at_owner(
     sample = torch.repeat_interleave(
         torch.arange(b, device=lengths.device), lengths.to(torch.int64)
     )
-    unit = sample * hotness + positions
-    return torch.bincount(unit, minlength=b * hotness)
+    slot = sample * hotness + positions
+    return torch.bincount(slot, minlength=b * hotness)
 
 
 def offsets_of(lengths: Tensor) -> Tensor:

@@ -251,7 +251,7 @@ def test_unique_by_row_shard_dedups_per_destination_with_the_reverse_index():
 
 def test_concat_units_place_every_id_at_its_position():
     f = _feat([7, 8, 9], [0, 2, 3], "concat", 3)
-    assert f.unit_offsets().tolist() == [0, 1, 2, 2, 3, 3, 3]
+    assert f.slot_offsets().tolist() == [0, 1, 2, 2, 3, 3, 3]
 
 
 def _plan(**kw):
