@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 import numpy as np
 import torch
@@ -388,6 +388,27 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         if isinstance(e, _Stopped):
             _wait_for_the_others()
         return EXIT_USER_ERROR
+
+
+def launch(program: TrainProgram) -> NoReturn:
+    """The generated train.py's `__main__`: run `main` and end the process with its code.
+
+    A process that joined a multi-process group ends through `os._exit` once `main` has
+    closed every file and destroyed the group: gloo's worker threads can still hold work
+    objects at interpreter finalisation, and tearing those down then aborts the process
+    (`terminate called without an active exception`, SIGABRT) after a run that
+    succeeded. Everything the run writes is closed and synced before `main` returns."""
+    code = main(program)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _JOINED_A_GROUP:
+        os._exit(code)
+    sys.exit(code)
+
+
+_JOINED_A_GROUP = False
+"""Set when this process trained in a group of several processes (`launch` then skips the
+interpreter's finalisation)."""
 
 
 def _say_on_stderr(line: str) -> None:
@@ -790,6 +811,9 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
                 f"ranks ({program.nodes} node(s) x {program.gpus_per_node}); launch with "
                 "./launch.sh, or recompile the spec for the machines you have"
             )
+    if not alone:
+        global _JOINED_A_GROUP
+        _JOINED_A_GROUP = True
     trainer = _Sharded(program, plan, args, alone=alone)
     try:
         result = trainer.run()

@@ -21,7 +21,9 @@ The cases (each `plan_program` + `plan_to_json`, as `embarkc plan` writes them):
 Every budget of the planner is a deterministic count of work (CP-SAT runs one worker to a
 deterministic time), so the plans are reproducible: the digest covers the whole file.
 The one field named after the clock, `planner.wall_time`, holds CP-SAT's deterministic
-time (0 for the greedy), so it is hashed as written; nothing is normalised.
+time (0 for the greedy), so it is hashed as written. The one thing set aside is where the
+paper workloads lie: their programs name their source `workloads/NAME.json`, so a clone
+in another folder writes the same bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDENS = ROOT / "tests" / "snapshots" / "plan_goldens.json"
@@ -79,6 +82,17 @@ def case_names(groups: Iterable[str] = GROUPS) -> list[str]:
     return out
 
 
+def _workload(name: str, nodes: int) -> Any:
+    """The program of paper workload `name` on `nodes` nodes, its source named
+    `workloads/NAME.json` whatever folder holds it: a plan file records its spec's path,
+    and a clone elsewhere (CI's) must write the same bytes."""
+    from embarkc.workload import program_from_workload
+
+    prog = program_from_workload(_workloads() / f"{name}.json", nodes)
+    sources = tuple(s.model_copy(update={"path": f"workloads/{name}.json"}) for s in prog.sources)
+    return prog.model_copy(update={"sources": sources})
+
+
 def _planner(name: str) -> Callable[[], str]:
     """A function writing the plan file's text of the case `name` (or the refusal)."""
     from embarkc.diagnostics import EmbarkError
@@ -86,16 +100,12 @@ def _planner(name: str) -> Callable[[], str]:
 
     parts = name.split("/")
     if parts[0] in ("paper16", "paper4"):
-        from embarkc.workload import program_from_workload
-
         nodes = 16 if parts[0] == "paper16" else 4
         solver = parts[2] if len(parts) > 2 else None
-        prog = program_from_workload(_workloads() / f"{parts[1]}.json", nodes)
+        prog = _workload(parts[1], nodes)
         return lambda: plan_to_json(plan_program(prog, solver=solver))
     if parts[0] == "quality":
-        from embarkc.workload import program_from_workload
-
-        prog = program_from_workload(_workloads() / f"{parts[1]}.json", int(parts[2]))
+        prog = _workload(parts[1], int(parts[2]))
         if parts[3] == "greedy":
             return lambda: plan_to_json(plan_program(prog, solver="greedy"))
         return lambda: plan_to_json(

@@ -67,4 +67,9 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    # as embark_runtime.trainer.launch: past the groups' teardown, the interpreter's
+    # finalisation can abort on gloo's worker threads
+    code = run(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -9,11 +9,10 @@ The layout below is baked in from plan.json at compile time; the trainer refuses
 when plan.json next to this file no longer matches it.
 """
 
-import sys
 from pathlib import Path
 
 from embark_runtime.dense import DenseConfig, DenseOptimizerConfig
-from embark_runtime.trainer import TrainProgram, main
+from embark_runtime.trainer import TrainProgram, launch
 
 HERE = Path(__file__).resolve().parent
 
@@ -366,4 +365,4 @@ PROGRAM = TrainProgram(
 )
 
 if __name__ == "__main__":
-    sys.exit(main(PROGRAM))
+    launch(PROGRAM)
