@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -466,3 +468,15 @@ def test_a_plan_without_per_rank_figures_has_unknown_rank_times():
     assert [r.memory_bytes for r in view.per_rank] == a.memory_by_rank()
     d = diff.diff_sides(diff.Side("a", a), diff.Side("b", bare))
     assert not d.ranks_changed
+
+
+def test_the_review_model_and_renderers_need_neither_torch_nor_the_checker():
+    """A reviewer's view of a plan is plain data: importing the views, the comparison and
+    the renderers (as `embarkc diff` does) loads neither torch nor `planner.check`."""
+    code = (
+        "import sys; import embarkc.diff, embarkc.review.views, embarkc.review.compare, "
+        "embarkc.review.render, embarkc.review.terminal; "
+        "print(sorted({'torch', 'embarkc.planner.check'} & set(sys.modules)))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
