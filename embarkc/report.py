@@ -1,6 +1,7 @@
 """`embarkc report`: a plan as a page a person would rather look at than read.
 
-    report_data(plan, program) -> ReportData      numbers only (no matplotlib)
+    report_data(plan, program) -> ReportData      numbers only (no matplotlib), read from the
+                                                  plan's view (embarkc.review.views.view_of)
     figures(data) -> {name: Figure}               matplotlib, Agg backend
     render_html(data) -> str                      one self-contained page (figures as base64 PNG)
     render_image(data, path)                      one composite PNG or SVG
@@ -26,9 +27,10 @@ import numpy as np
 from embark_runtime.plan import Plan
 from embarkc.dense import iteration_lines
 from embarkc.diagnostics import EmbarkError
-from embarkc.diff import COMPONENTS, PlanView, fmt_bytes, fmt_time, view_of
 from embarkc.ir import Program
 from embarkc.planner import fixed_strategy_note
+from embarkc.review.text import fmt_bytes, fmt_time, ranks_text
+from embarkc.review.views import COMPONENTS, PlanView, view_of
 
 HEATMAP_TABLES = 40
 """Tables shown one per row in the heat map; the rest are folded by cluster kind."""
@@ -447,9 +449,7 @@ def render_html(d: ReportData) -> str:
 
 
 def _ranks_short(ranks: Iterable[int]) -> str:
-    from embarkc.diff import _ranks_text
-
-    return _ranks_text(tuple(ranks), 4)
+    return ranks_text(tuple(ranks), 4)
 
 
 def render_image(d: ReportData, path: Path) -> None:

@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embark_runtime.keys import local_row, row_shard_of
 from embark_runtime.optimizers import OPTIMIZERS
-from embark_runtime.plan import Plan, dumps_plan
+from embark_runtime.plan import Plan, dumps_plan, plan_digest
 
 __all__ = [
     "CellState",
@@ -131,11 +131,6 @@ class CellState:
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def plan_digest(plan: Plan) -> str:
-    """sha256 of the plan's canonical text (dumps_plan)."""
-    return hashlib.sha256(dumps_plan(plan).encode()).hexdigest()
 
 
 def _sha256_file(path: Path) -> str:

@@ -1,11 +1,16 @@
 """How sizes, times, counts and percentages are written for people: the one home of it.
 
 The compiler's commands, `embarkc diff` and `report`, the generated program's comments and
-the trainer's log all write numbers through these functions, so a size reads the same
+the trainer's log all write numbers through these functions (`format_number`: a number
+quoted in a message or a field change, as Python writes it unless huge), so a size reads the same
 everywhere. Torch-free and compiler-free (the runtime may not import the compiler).
 """
 
 from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
 
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -54,3 +59,16 @@ def format_pct(pct: float, signed: bool = False) -> str:
     if abs(pct) >= 1e6:
         return f"{pct:+.2e}" if signed else f"{pct:.2e}"
     return f"{pct:+.1f}" if signed else f"{pct:.1f}"
+
+
+def format_number(x: Any) -> str:
+    """A number as messages show it: as Python writes it below 1e15, compactly beyond
+    (1.0e+30), so that a huge hand-edited value does not print as 300 digits."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not abs(x) >= 1e15:
+        return str(x)  # NaN too
+    if isinstance(x, float) and math.isinf(x):
+        return str(x)
+    # Decimal: an int may lie beyond a float's range
+    mantissa, exponent = format(Decimal(x), ".6e").split("e")
+    mantissa = mantissa.rstrip("0")
+    return f"{mantissa}{'0' if mantissa.endswith('.') else ''}e{exponent}"

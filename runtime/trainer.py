@@ -1,8 +1,9 @@
 """The training loop that every generated train.py drives.
 
-A generated train.py holds the plan-specific constants (a `TrainProgram`) and calls
-`main(program)`. `main` parses the command line, checks that plan.json still matches the
-constants, and runs one of:
+A generated train.py holds what the plan does not say (a `TrainProgram`: the dense model,
+its optimizer, and the digest of the plan it was compiled from) and calls `main(program)`.
+`main` parses the command line, checks that plan.json is that plan (`plan_digest`), and
+runs one of:
 
 * the sharded trainer (under torchrun, one process per rank of the plan): the plan's
   embedding clusters (embark_runtime.embedding.ShardedEmbeddings, whose backward performs
@@ -56,7 +57,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -81,7 +82,7 @@ from embark_runtime.dense import (
 from embark_runtime.files import output_target
 from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
-from embark_runtime.plan import Plan, PlanError, load_plan
+from embark_runtime.plan import Plan, PlanError, load_plan, plan_digest
 
 EXIT_USER_ERROR = 2
 
@@ -108,55 +109,50 @@ class _Stopped(TrainerError):
 
 @dataclass(frozen=True)
 class TrainProgram:
-    """What a generated train.py bakes in from its plan (see templates/program/train.py.j2).
-
-    tables: name -> (rows, dim, dtype, sparse optimizer); clusters: name -> (kind,
-    communication or None, tables); shards: (table, row_shard, row_shards, column lo,
-    column hi, rank) per cell; features: name -> (table, pooling, width fed to the model).
+    """What a generated train.py bakes in (see templates/program/train.py.j2): where its
+    plan.json and kernels are, the digest of the plan it was compiled from, and the dense
+    model with its optimizer. The layout (topology, batch, tables, clusters, cells,
+    features) is read from plan.json alone, which `check_plan` holds to that digest.
     """
 
     name: str
     plan_path: Path
     kernels_dir: Path
-    world_size: int
-    nodes: int
-    gpus_per_node: int
-    global_batch: int
-    row_partition: str
-    tables: Mapping[str, tuple[int, int, str, str]]
-    clusters: Mapping[str, tuple[str, str | None, tuple[str, ...]]]
-    shards: tuple[tuple[str, int, int, int, int, int], ...]
-    features: Mapping[str, tuple[str, str, int]]
+    plan_sha256: str
+    """`embark_runtime.plan.plan_digest` of the plan train.py was compiled from."""
     dense: DenseConfig
     optimizer: DenseOptimizerConfig
 
     def check_plan(self, plan: Plan) -> None:
-        """Raise TrainerError when `plan` is not the plan this program was generated for."""
-        got_tables = {t.name: (t.rows, t.dim, t.dtype, t.optimizer) for t in plan.tables}
-        got_clusters = {c.name: (c.kind, c.communication, tuple(c.tables)) for c in plan.clusters}
-        got_shards = sorted(
-            (s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank)
-            for s in plan.shards
-        )
-        got_features = [(f.name, f.table, f.pooling) for f in plan.features]
-        want_features = [(n, t, p) for n, (t, p, _) in self.features.items()]
-        checks = [
-            ("world size", plan.world_size, self.world_size),
-            ("nodes", plan.topology.nodes, self.nodes),
-            ("GPUs per node", plan.topology.gpus_per_node, self.gpus_per_node),
-            ("global batch", plan.batch_size, self.global_batch),
-            ("row partition", plan.row_partition, self.row_partition),
-            ("tables", got_tables, dict(self.tables)),
-            ("clusters", got_clusters, dict(self.clusters)),
-            ("cells", got_shards, sorted(self.shards)),
-            ("features", got_features, want_features),
-        ]
-        for what, got, want in checks:
-            if got != want:
-                raise TrainerError(
-                    f"{self.plan_path} does not match train.py: its {what} differ from the "
-                    "ones train.py was generated with; recompile the spec with `embarkc compile`"
-                )
+        """Raise TrainerError when `plan` is not the plan this program was compiled from
+        (plan.json edited or replaced after `embarkc compile`): the generated kernels, the
+        dense model's input widths and the README were made for that plan."""
+        got = plan_digest(plan)
+        if got != self.plan_sha256:
+            path = _shown(self.plan_path)
+            folder = _shown(self.plan_path.parent)
+            raise TrainerError(
+                f"{path} is not the plan train.py was compiled from (its digest is "
+                f"{got[:12]}, train.py's PLAN_SHA256 is {self.plan_sha256[:12]}): it was "
+                "edited or replaced after `embarkc compile`. Compile the spec with it "
+                f"(`embarkc compile SPEC --plan {path} -o {folder}`; the plan is "
+                "checked against the spec), or put back the plan.json train.py was compiled from"
+            )
+        widths = len(self.dense.feature_widths)
+        if widths != len(plan.features):
+            raise TrainerError(
+                f"train.py's DENSE_MODEL reads {widths} feature(s) but {_shown(self.plan_path)} "
+                f"has {len(plan.features)}: train.py was edited; recompile the spec"
+            )
+
+
+def _shown(path: Path) -> str:
+    """`path` as a user gave it: relative to the current folder when it lies inside it
+    (train.py knows its plan.json by absolute path)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 # --------------------------------------------------------------------------- command line
@@ -165,7 +161,7 @@ class TrainProgram:
 def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="train.py",
-        description=f"Train {program.name} with its embarkc plan ({program.world_size} ranks).",
+        description=f"Train {program.name} with its embarkc plan ({program.plan_path.name}).",
     )
     p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data")
@@ -665,7 +661,7 @@ class _Reference:
     def _logits(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
-        return self.model(dense, [out[f] for f in self.program.features])
+        return self.model(dense, [out[f.name] for f in self.plan.features])
 
     def run(self) -> int:
         a = self.args
@@ -678,7 +674,7 @@ class _Reference:
             t0 = time.perf_counter()
             batch = self.data.global_batch(step)
             _, labels = _tensors(batch, self.device)
-            loss = local_loss(self._logits(batch), labels, self.program.global_batch)
+            loss = local_loss(self._logits(batch), labels, self.plan.batch_size)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -687,7 +683,7 @@ class _Reference:
                 {
                     "step": step,
                     "loss": loss.item(),
-                    "samples_per_s": self.program.global_batch / dt,
+                    "samples_per_s": self.plan.batch_size / dt,
                     "bytes": {},
                     "bytes_total": 0,
                 }
@@ -715,7 +711,7 @@ class _Reference:
         labels, scores = [], []
         with torch.no_grad():
             for i in range(self.eval_batches):
-                world = self.program.world_size
+                world = self.plan.world_size
                 # the same samples as the sharded run: every rank's slice, concatenated
                 for rank in range(world):
                     b = self.data.eval_batch(i, rank, world)
@@ -791,12 +787,13 @@ def _kernels(program: TrainProgram, device: torch.device, exact: bool) -> tuple[
 
 
 def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) -> int:
+    topo = plan.topology
     world_env = os.environ.get("WORLD_SIZE")
     if world_env is None:
-        if program.world_size != 1:
+        if plan.world_size != 1:
             raise TrainerError(
-                f"the plan has {program.world_size} ranks: launch with ./launch.sh or "
-                f"`torchrun --nproc-per-node {program.gpus_per_node} --nnodes {program.nodes} "
+                f"the plan has {plan.world_size} ranks: launch with ./launch.sh or "
+                f"`torchrun --nproc-per-node {topo.gpus_per_node} --nnodes {topo.nodes} "
                 "train.py`; or use --reference for one unsharded process"
             )
         # one process needs no rendezvous: `_Sharded` joins a group of its own through
@@ -805,10 +802,10 @@ def _run_sharded(program: TrainProgram, plan: Plan, args: argparse.Namespace) ->
         alone = True
     else:
         alone = False
-        if int(world_env) != program.world_size:
+        if int(world_env) != plan.world_size:
             raise TrainerError(
-                f"launched with {world_env} processes, but the plan has {program.world_size} "
-                f"ranks ({program.nodes} node(s) x {program.gpus_per_node}); launch with "
+                f"launched with {world_env} processes, but the plan has {plan.world_size} "
+                f"ranks ({topo.nodes} node(s) x {topo.gpus_per_node}); launch with "
                 "./launch.sh, or recompile the spec for the machines you have"
             )
     if not alone:
@@ -971,7 +968,7 @@ class _Sharded:
     def _forward(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
-        return self.model(dense, [out[f] for f in self.program.features])
+        return self.model(dense, [out[f.name] for f in self.plan.features])
 
     def _step(
         self, batch: Any, prefetch: Any | None, failed: bool = False
@@ -991,8 +988,8 @@ class _Sharded:
             # the next batch's keys travel while this step's dense part computes
             self.embeddings.prefetch(prefetch.sparse)
         with phase("dense_forward", collective=True):
-            logits = self.model(dense_in, [out[f] for f in self.program.features], bottom=bottom)
-            loss = local_loss(logits, labels, self.program.global_batch)
+            logits = self.model(dense_in, [out[f.name] for f in self.plan.features], bottom=bottom)
+            loss = local_loss(logits, labels, self.plan.batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         with phase("dense_backward", collective=True):
             loss.backward()
@@ -1074,7 +1071,7 @@ class _Sharded:
             record = {
                 "step": step,
                 "loss": loss,
-                "samples_per_s": self.program.global_batch / dt,
+                "samples_per_s": self.plan.batch_size / dt,
                 "step_s": dt,
                 "bytes": moved,
                 "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),

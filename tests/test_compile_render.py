@@ -4,9 +4,12 @@ lint-clean, plan-specific, and refusing to run with the wrong plan or world size
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ from embark_runtime.plan import (
     InitParams,
     OptimizerParams,
     Plan,
+    PlanError,
     PlanFeature,
     PlannerInfo,
     PlanTable,
@@ -27,9 +31,12 @@ from embark_runtime.plan import (
     Shard,
     Source,
     dumps_plan,
+    load_plan,
+    parse_plan,
+    plan_digest,
 )
 from embark_runtime.trainer import main as trainer_main
-from embarkc.codegen.program import program_render_spec, py, render_program
+from embarkc.codegen.program import py, render_program
 from embarkc.diagnostics import EmbarkError
 from embarkc.emit import GeneratedFile, emit
 from embarkc.frontend import load_program_text
@@ -172,21 +179,24 @@ def test_generated_python_is_formatted_and_lint_clean(out_a):
     compile(Path(train).read_text(), train, "exec")
 
 
-def test_train_py_bakes_in_the_plan(out_a):
+def test_train_py_carries_the_plan_digest_and_the_dense_model_not_the_layout(program, out_a):
     text = (out_a / "train.py").read_text()
-    assert "WORLD_SIZE = 4" in text and "GLOBAL_BATCH = 64" in text
-    assert '"rb0": ("rb", "flat", ("big", "mid")),' in text
-    assert '("big", 1, 2, 4, 8, 2),' in text
-    # a concat feature feeds hotness * dim values to the dense model
-    assert '"pair": ("small", "concat", 16),' in text
+    assert f'PLAN_SHA256 = "{plan_digest(hand_plan(program, LAYOUT_A))}"' in text
+    assert f'PLAN_SHA256 = "{plan_digest(load_plan(out_a / "plan.json"))}"' in text
+    # the layout travels once, in plan.json
+    for copy in ("TABLES", "CLUSTERS", "SHARDS", "GLOBAL_BATCH", '"rb0"', '"big"'):
+        assert copy not in text
+    # features big, mid, wide, one, pair (concat: hotness * dim values), in plan order
+    assert "feature_widths=(8, 8, 16, 8, 16)," in text
     assert 'kind="adam",' in text and "lr=0.001," in text
+    assert _program(out_a).dense.feature_widths == (8, 8, 16, 8, 16)
 
 
-def test_another_plan_gives_another_train_py(program, out_a, tmp_path):
+def test_another_plan_gives_another_digest_and_nothing_else(program, out_a, tmp_path):
     out_b = _write(program, hand_plan(program, LAYOUT_B), tmp_path)
     a, b = (out_a / "train.py").read_text(), (out_b / "train.py").read_text()
-    assert a != b
-    assert '"rb0": ("rb", "hierarchical", ("big", "wide")),' in b
+    changed = [(x, y) for x, y in zip(a.splitlines(), b.splitlines(), strict=True) if x != y]
+    assert [x.split(" = ")[0] for x, _ in changed] == ["PLAN_SHA256"]
     assert (out_a / "launch.sh").read_text() == (out_b / "launch.sh").read_text()
 
 
@@ -229,8 +239,79 @@ def test_trainer_refuses_a_plan_json_it_was_not_generated_for(
     other = _write(program, hand_plan(program, LAYOUT_A), tmp_path)
     (other / "plan.json").write_text(dumps_plan(hand_plan(program, LAYOUT_B)))
     code, err = _train(other, monkeypatch, capsys, "--steps", "1")
-    assert code == 2
-    assert "does not match train.py: its clusters differ" in err
+    assert code == 2 and "Traceback" not in err
+    assert f"{other / 'plan.json'} is not the plan train.py was compiled from" in err
+    assert f"`embarkc compile SPEC --plan {other / 'plan.json'} -o {other}`" in err
+
+
+def _edited(out: Path, edit) -> None:
+    data = json.loads((out / "plan.json").read_text())
+    edit(data)
+    (out / "plan.json").write_text(json.dumps(data, indent=1))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda d: d["estimate"].update(step_time=0.5), id="a figure"),
+        pytest.param(lambda d: d["shards"][0].update(rank=3), id="a cell's rank"),
+        pytest.param(lambda d: d.update(batch_size=128), id="the batch"),
+        pytest.param(lambda d: d["features"].pop(), id="a feature removed"),
+        pytest.param(lambda d: d["tables"][0]["optimizer_params"].update(lr=1.0), id="a rate"),
+    ],
+)
+def test_any_edit_of_plan_json_after_compiling_is_refused(
+    program, tmp_path, monkeypatch, capsys, edit
+):
+    out = _write(program, hand_plan(program, LAYOUT_A), tmp_path)
+    _edited(out, edit)
+    code, err = _train(out, monkeypatch, capsys, "--reference", "--steps", "1")
+    assert code == 2 and "is not the plan train.py was compiled from" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_reformatted_plan_json_is_the_same_plan(out_a, tmp_path, monkeypatch, capsys):
+    """The digest is of the plan's canonical text: indenting, key order and the generated
+    note do not change it (the trainer goes on to the launch check)."""
+    out = tmp_path / "out"
+    shutil.copytree(out_a, out)
+    _edited(out, lambda d: d.pop("//"))
+    code, err = _train(out, monkeypatch, capsys, "--steps", "1")
+    assert code == 2 and "the plan has 4 ranks: launch with ./launch.sh" in err, err
+
+
+def test_a_train_py_whose_dense_model_was_edited_is_refused(out_a, monkeypatch, capsys):
+    program = _program(out_a)
+    fewer = replace(program.dense, feature_widths=program.dense.feature_widths[:-1])
+    capsys.readouterr()
+    code = trainer_main(replace(program, dense=fewer), ["--reference", "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DENSE_MODEL reads 4 feature(s) but" in err and "has 5" in err
+
+
+def test_recompiling_with_the_edited_plan_makes_it_trainable(
+    program, tmp_path, monkeypatch, capsys
+):
+    """The message's advice works: `compile SPEC --plan DIR/plan.json -o DIR` accepts the
+    edited plan (held to the checker against the spec) and bakes in its digest."""
+    from embarkc.cli import main as embarkc_main
+
+    spec = tmp_path / "hand.embark"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    assert embarkc_main(["compile", str(spec), "-o", str(out), "-q"]) == 0
+    hand = hand_plan(program, LAYOUT_A)
+    edited = load_plan(out / "plan.json").model_copy(
+        update={"clusters": hand.clusters, "shards": hand.shards}
+    )
+    (out / "plan.json").write_text(dumps_plan(edited))
+    code, err = _train(out, monkeypatch, capsys, "--reference", "--steps", "1")
+    assert code == 2 and "is not the plan train.py was compiled from" in err
+    argv = ["compile", str(spec), "--plan", str(out / "plan.json"), "-o", str(out), "-q"]
+    assert embarkc_main(argv) == 0, capsys.readouterr().err
+    assert plan_digest(load_plan(out / "plan.json")) != plan_digest(edited)  # costed anew
+    code, err = _train(out, monkeypatch, capsys, "--steps", "1")
+    assert code == 2 and "the plan has 4 ranks" in err, err
 
 
 def test_trainer_refuses_a_wrong_world_size(out_a, monkeypatch, capsys):
@@ -365,11 +446,14 @@ def test_readme_explains_one_machine_and_a_cluster(out_a):
     assert "MASTER_ADDR=" in text
 
 
-def test_a_batch_that_does_not_split_over_the_ranks_is_a_user_error(program):
-    odd = program.model_copy(update={"model": program.model.model_copy(update={"batch_size": 66})})
-    plan = hand_plan(odd, LAYOUT_A)
-    with pytest.raises(EmbarkError, match="does not split evenly over 4 ranks"):
-        program_render_spec(odd, plan, "specs/hand.embark")
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused_at_each_front_door(program):
+    """A spec's batch is checked when it is lowered (with its line), a plan file's when it
+    is loaded: codegen and the trainer see only batches that split."""
+    with pytest.raises(EmbarkError, match="batch 66 is not divisible by the 4 GPUs"):
+        load_program_text(SPEC.replace("batch 64", "batch 66"), "specs/hand.embark")
+    odd = hand_plan(program, LAYOUT_A).model_copy(update={"batch_size": 66})
+    with pytest.raises(PlanError, match=r"\(batch\): batch_size 66 does not split evenly"):
+        parse_plan(dumps_plan(odd), "plan.json")
 
 
 def test_python_literals_are_spelled_exactly():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from embark_runtime.plan import (
 )
 from embarkc import diff
 from embarkc.cli import main
+from embarkc.review import compare, render, text, views
 
 GOLDEN = Path(__file__).parent / "golden_diff"
 GIB = 1 << 30
@@ -130,7 +133,7 @@ def build_plan(
                 "table": t.name,
                 "cluster": plan.cluster_of(t.name).name,
                 "time": table_time[t.name],
-                "memory_bytes": diff._table_memory(plan, t.name),
+                "memory_bytes": views._table_memory(plan, t.name),
             }
             for t in ptables
         ],
@@ -227,7 +230,7 @@ def test_sections_name_what_changed():
         "rows": ("1000000", "1500000")
     }
     assert d.summary.critical_rank_a is not None and set(d.summary.components) == set(
-        diff.COMPONENTS
+        views.COMPONENTS
     )
     assert d.ranks_worse >= 1 and all(r.worse for r in d.ranks_changed[: d.ranks_worse])
     assert d.migration.total_bytes > 0 and d.migration.fresh_tables == ("new",)
@@ -251,7 +254,7 @@ def test_golden_markdown_and_json(tmp_path, capsys):
 
 def test_outputs_are_deterministic():
     a, b = diff.Side("a", plan_a()), diff.Side("b", plan_b())
-    assert diff.render_json(diff.diff_sides(a, b)) == diff.render_json(diff.diff_sides(a, b))
+    assert render.render_json(diff.diff_sides(a, b)) == render.render_json(diff.diff_sides(a, b))
 
 
 def test_gates_set_exit_codes(tmp_path, capsys):
@@ -311,7 +314,7 @@ def test_outside_tool_plan_falls_back_to_contract_fields():
     assert d.summary.cost_source_a == "contract" and d.summary.components == {}
     assert [c.table for c in d.tables_changed] == ["item"]
     assert d.tables_changed[0].time.a is None and d.tables_changed[0].memory.a == 400_000 * 32 * 4
-    md = diff.render_markdown(d)
+    md = render.render_markdown(d)
     assert "carries only the contract's estimate" in md
     assert d.migration.weight_bytes == 400_000 * 32 * 4
     assert d.migration.by_node[0].src == 0 and d.migration.by_node[0].dst == 1
@@ -333,11 +336,11 @@ def test_the_rank_heading_counts_the_rows_it_lists(tmp_path, capsys):
     grown = build_plan(TABLES_A, PLACE_A, gpus=3)  # 2 more ranks, nothing placed on them
     d = diff.diff_sides(diff.Side("a", a), diff.Side("b", grown))
     assert [r.rank for r in d.ranks_changed] == [4, 5]
-    assert diff.ranks_title(d) == "Ranks: 2 of 6 changed (2 only in B)"
+    assert render.ranks_title(d) == "Ranks: 2 of 6 changed (2 only in B)"
     one = build_plan(TABLES_A, {name: ("dp",) for name in PLACE_A}, nodes=1, gpus=1)
     d = diff.diff_sides(diff.Side("a", a), diff.Side("b", one))
     assert len(d.ranks_changed) == 4
-    assert diff.ranks_title(d) == "Ranks: 4 of 4 changed (1 worse, 3 only in A)"
+    assert render.ranks_title(d) == "Ranks: 4 of 4 changed (1 worse, 3 only in A)"
     assert main(["diff", _write(tmp_path, "a.json", a), _write(tmp_path, "b.json", one)]) == 0
     assert "Ranks: 4 of 4 changed (1 worse, 3 only in A)" in capsys.readouterr().out
 
@@ -418,7 +421,7 @@ def test_a_plan_of_another_tool_differs_only_where_both_record_a_value(tiny_plan
             "topology.dense_flops",
         )
     }
-    assert json.loads(diff.render_json(d))["not_compared"]["B"][0] == "feature.fixed"
+    assert json.loads(render.render_json(d))["not_compared"]["B"][0] == "feature.fixed"
     # a value both record still differs
     data2 = _contract_only(data)
     data2["features"][0]["pooling"] = "mean"
@@ -447,21 +450,33 @@ def test_huge_changes_and_numbers_print_compactly_and_as_finite_json():
     topo = a.topology.model_copy(update={"hbm_bytes": (1 << 63) - 1})
     b = a.model_copy(update={"estimate": huge, "topology": topo})
     d = diff.diff_sides(diff.Side("a", a.model_copy(update={"estimate": tiny})), diff.Side("b", b))
-    assert d.summary.step_time.pct == diff.MAX_PCT
+    assert d.summary.step_time.pct == compare.MAX_PCT
     assert "slower by 1.00e+12 %" in d.verdict
-    json.loads(diff.render_json(d))  # no inf or nan: it would not be written at all
+    json.loads(render.render_json(d))  # no inf or nan: it would not be written at all
     assert [c.fields for c in d.spec_changes if c.what == "topology"] == [
         {"hbm_bytes": (str(GIB), "9.223372e+18")}
     ]
-    assert diff.fmt_bytes((1 << 63) - 1) == "8.0 EiB"
+    assert text.fmt_bytes((1 << 63) - 1) == "8.0 EiB"
 
 
 def test_a_plan_without_per_rank_figures_has_unknown_rank_times():
     """The loader lets estimate.per_rank list every rank or none; none is no 0 s rank."""
     a = plan_a()
     bare = a.model_copy(update={"estimate": Estimate(step_time=a.estimate.step_time, per_rank=[])})
-    view = diff.view_of(bare)
+    view = views.view_of(bare)
     assert [r.time for r in view.per_rank] == [None] * 4
     assert [r.memory_bytes for r in view.per_rank] == a.memory_by_rank()
     d = diff.diff_sides(diff.Side("a", a), diff.Side("b", bare))
     assert not d.ranks_changed
+
+
+def test_the_review_model_and_renderers_need_neither_torch_nor_the_checker():
+    """A reviewer's view of a plan is plain data: importing the views, the comparison and
+    the renderers (as `embarkc diff` does) loads neither torch nor `planner.check`."""
+    code = (
+        "import sys; import embarkc.diff, embarkc.review.views, embarkc.review.compare, "
+        "embarkc.review.render, embarkc.review.terminal; "
+        "print(sorted({'torch', 'embarkc.planner.check'} & set(sys.modules)))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"

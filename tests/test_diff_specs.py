@@ -13,6 +13,7 @@ import pytest
 
 from embarkc import diff
 from embarkc.cli import main
+from embarkc.review import compare, render, views
 
 BASE = """\
 hardware {
@@ -63,13 +64,13 @@ def base(tmp_path_factory) -> tuple[Path, str, diff.Side]:
     return tmp, path, diff.load_side(path)
 
 
-def _diff_to(base, name: str, text: str) -> tuple[diff.PlanDiff, str]:
+def _diff_to(base, name: str, text: str) -> tuple[compare.PlanDiff, str]:
     tmp, path, side = base
     other = _spec(tmp, name, text)
     return diff.diff_sides(side, diff.load_side(other)), other
 
 
-def _spec_change(d: diff.PlanDiff, what: str, name: str) -> diff.SpecChange:
+def _spec_change(d: compare.PlanDiff, what: str, name: str) -> compare.SpecChange:
     found = [c for c in d.spec_changes if c.what == what and c.name == name]
     assert found, f"no {what} change of {name} in {d.spec_changes}"
     return found[0]
@@ -112,12 +113,12 @@ def test_nodes_doubled(base, capsys):
     assert len(new) == 4 and all(r.time.a is None and not r.worse for r in new)
     # a rank only B has is counted apart, not as worse
     assert d.ranks_worse == sum(1 for r in d.ranks_changed if r.rank < 4 and r.worse)
-    assert "4 only in B" in diff.ranks_title(d)
+    assert "4 only in B" in render.ranks_title(d)
     # every table exists in A: a new rank that holds anything receives it from A's ranks
     received = {r.rank: r.received for r in d.migration.by_rank}
     holding = [r.rank for r in new if r.memory.b]
     assert holding and all(received.get(rank, 0) > 0 for rank in holding)
-    assert "- topology changed: nodes 2 -> 4" in diff.render_markdown(d)
+    assert "- topology changed: nodes 2 -> 4" in render.render_markdown(d)
     assert main(["diff", base[1], other, "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["world_b"] == 8 and data["spec_changes"][0]["what"] == "topology"
@@ -156,7 +157,7 @@ def test_plan_file_against_spec_recosts_the_outside_plan(base, tmp_path):
     d = diff.diff_sides(diff.load_side(str(f)), side)
     assert d.summary.cost_source_a == "cost model"
     assert d.summary.step_time.pct is not None and abs(d.summary.step_time.pct) < 1e-3
-    assert set(d.summary.components) == set(diff.COMPONENTS)
+    assert set(d.summary.components) == set(views.COMPONENTS)
 
 
 def test_report_of_a_spec_shows_work(base, tmp_path):

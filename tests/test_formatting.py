@@ -46,8 +46,9 @@ def test_times_counts_and_percentages() -> None:
 
 
 def test_the_compiler_and_the_trainer_share_it() -> None:
-    from embarkc import diff, units
+    from embarkc import units
+    from embarkc.review import text
 
     assert units.format_bytes is format_bytes
-    assert diff.fmt_bytes(None) == "-" and diff.fmt_bytes(2048) == "2.0 KiB"
-    assert diff.fmt_time(None) == "-" and diff.fmt_time(0.5) == "500.00 ms"
+    assert text.fmt_bytes(None) == "-" and text.fmt_bytes(2048) == "2.0 KiB"
+    assert text.fmt_time(None) == "-" and text.fmt_time(0.5) == "500.00 ms"

@@ -11,11 +11,12 @@ import pytest
 
 from embarkc.cli import main
 from embarkc.dense import DenseShape, iteration_lines, iteration_of
-from embarkc.diff import diff_sides, load_side, render_markdown
+from embarkc.diff import diff_sides, load_side
 from embarkc.frontend import load_program_text
 from embarkc.planner import constants as K
 from embarkc.planner import plan_program
 from embarkc.planner.cost import dense_shape
+from embarkc.review.render import render_markdown
 
 SPEC = """
 hardware {{ nodes 1 gpus_per_node 2 hbm 1 GiB hbm_bandwidth 100 GB/s nvlink 50 GB/s

@@ -91,7 +91,7 @@ def test_diff_reads_the_critical_path_or_sums_it_from_older_plans_components():
     """A plan written before `estimate.critical_path` has its ranks' components: the diff
     sums the phases' slowest ranks itself; a plan that records it is read as it is."""
     from embark_runtime.plan import Estimate
-    from embarkc.diff import view_of
+    from embarkc.review.views import view_of
     from tests.test_diff import plan_a
 
     plan = plan_a()

@@ -6,11 +6,12 @@ language (a Python literal, a quoted shell word) or a plain number/string for pr
 templates in templates/program/ only place them. `render_program` renders the templates
 with the one Jinja environment of `embarkc.codegen`.
 
-What is baked into train.py (so that two plans give two different programs, and a
-train.py cannot silently run with a plan.json it was not generated for): the topology's
-shape, the global batch, the row partition, every cluster and every cell of the 3D
-sharding, the features with the width each feeds to the dense model, the dense model and
-its optimizer. The trainer (embark_runtime.trainer) checks them against plan.json at start.
+What is baked into train.py: the digest of the plan (`embark_runtime.plan.plan_digest`)
+and what the plan does not say, the dense model (with the width each feature feeds it)
+and its optimizer. The layout travels once, in plan.json; the trainer
+(embark_runtime.trainer) refuses a plan.json whose digest is not the one baked in (a plan
+edited or replaced after compiling), so a train.py cannot silently run with a plan it
+was not compiled for.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 from typing import Any
 
 from embark_runtime.formatting import format_bytes, format_ms
-from embark_runtime.plan import Plan
+from embark_runtime.plan import Plan, plan_digest
 from embarkc.dense import iteration_of
 from embarkc.diagnostics import EmbarkError
 from embarkc.emit import GeneratedFile, printable
@@ -103,39 +104,11 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         raise EmbarkError.at(spec_path, "the plan's tables are not the spec's tables")
     if plan.batch_size != program.model.batch_size:
         raise EmbarkError.at(spec_path, "the plan's batch size is not the spec's")
+    # the batch splits evenly over the ranks: the spec's batch is checked when it is
+    # lowered (embarkc.lower.check_batch), a plan file's when it is loaded
     topo = plan.topology
     world = topo.world_size
-    if plan.batch_size % world:
-        raise EmbarkError.at(
-            spec_path,
-            f"the global batch {plan.batch_size} does not split evenly over {world} ranks",
-            hint="choose a batch size that is a multiple of nodes * gpus_per_node",
-        )
-
-    clusters = [
-        line
-        for c in plan.clusters
-        for line in py_lines(f"{py(c.name)}: ", (c.kind, c.communication, tuple(c.tables)))
-    ]
-    shard_key = sorted(
-        plan.shards, key=lambda s: (plan.tables.index(tables[s.table]), s.row_shard, s.columns)
-    )
-    shards = [
-        line
-        for s in shard_key
-        for line in py_lines(
-            "", (s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank)
-        )
-    ]
-    features = []
-    for f in plan.features:
-        w = feature_width(f.pooling, f.hotness, tables[f.table].dim)
-        features += py_lines(f"{py(f.name)}: ", (f.table, f.pooling, w))
-    table_lines = [
-        line
-        for t in plan.tables
-        for line in py_lines(f"{py(t.name)}: ", (t.rows, t.dim, t.dtype, t.optimizer))
-    ]
+    widths = tuple(feature_width(f.pooling, f.hotness, tables[f.table].dim) for f in plan.features)
 
     m = program.model
     o = m.optimizer
@@ -146,7 +119,7 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         *py_lines("cross_layers=", m.interaction.layers),
         *py_lines("low_rank=", m.interaction.low_rank),
         *py_lines("top_mlp=", tuple(m.top_mlp)),
-        "    feature_widths=FEATURE_WIDTHS,",
+        *py_lines("feature_widths=", widths),
     ]
     optimizer_kwargs = [
         *py_lines("kind=", o.kind),
@@ -206,11 +179,8 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         "max_memory": format_bytes(max(memory)) if memory else "0 B",
         "hbm": format_bytes(topo.hbm_bytes),
         "parameters": f"{sum(t.rows * t.dim for t in plan.tables):,}",
-        "clusters": clusters,
+        "plan_sha256": py(plan_digest(plan)),
         "cluster_rows": cluster_rows,
-        "tables": table_lines,
-        "shards": shards,
-        "features": features,
         "dense_kwargs": dense_kwargs,
         "optimizer_kwargs": optimizer_kwargs,
         "interaction": m.interaction.kind,

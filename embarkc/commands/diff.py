@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from embark_runtime.plan import PlanError
     from embarkc import diff
     from embarkc.diagnostics import EXIT_FAILURE, EXIT_OK, EmbarkError
+    from embarkc.review import compare, render, terminal
 
     for name in ("fail_if_slower", "fail_if_memory_over"):
         value = getattr(args, name)
@@ -52,17 +53,17 @@ def run(args: argparse.Namespace) -> int:
         raise diff.plan_error_to_embark(e) from None
     d = diff.diff_sides(a, b)
     if args.format == "json":
-        sys.stdout.write(diff.render_json(d))
+        sys.stdout.write(render.render_json(d))
     elif args.format == "md":
-        sys.stdout.write(diff.render_markdown(d))
+        sys.stdout.write(render.render_markdown(d))
     else:
         from rich.console import Console
 
         # colour and the terminal's width only on a terminal; a fixed width otherwise
         tty = sys.stdout.isatty()
         console = Console(highlight=False, width=None if tty else 120, soft_wrap=not tty)
-        diff.render_terminal(d, console)
-    failures = diff.gate_failures(d, args.fail_if_slower, args.fail_if_memory_over)
+        terminal.render_terminal(d, console)
+    failures = compare.gate_failures(d, args.fail_if_slower, args.fail_if_memory_over)
     for f in failures:
         print(f"embarkc diff: gate failed: {f}", file=sys.stderr)
     return EXIT_FAILURE if failures else EXIT_OK

@@ -5,8 +5,9 @@
 Launch with ./launch.sh (torchrun); `python train.py --help` lists the options, and
 `python train.py --reference` trains the same model unsharded in one process.
 
-The layout below is baked in from plan.json at compile time; the trainer refuses to run
-when plan.json next to this file no longer matches it.
+The layout (tables, clusters, the cells of the 3D sharding, features) is in plan.json
+beside this file; PLAN_SHA256 is its digest at compile time, and the trainer refuses a
+plan.json edited or replaced since.
 """
 
 from pathlib import Path
@@ -16,51 +17,10 @@ from embark_runtime.trainer import TrainProgram, launch
 
 HERE = Path(__file__).resolve().parent
 
-WORLD_SIZE = 4
-NODES = 2
-GPUS_PER_NODE = 2
-GLOBAL_BATCH = 256
-ROW_PARTITION = "mod"
+# embark_runtime.plan.plan_digest of the plan this file was compiled from
+PLAN_SHA256 = "9624844ad7cc043ecdc84afdd1d851e9483d151f0f7178c4843b5612ec97f875"
 
-# name: (rows, dim, dtype, sparse optimizer)
-TABLES = {
-    "country": (100, 16, "fp32", "sgd"),
-    "item": (20000, 32, "fp32", "adagrad"),
-    "category": (1000, 8, "fp32", "rowwise_adagrad"),
-    "tag": (5000, 16, "fp32", "adam"),
-    "history": (10000, 24, "fp32", "adagrad"),
-    "brand": (2000, 12, "fp32", "rowwise_adagrad"),
-}
-
-# name: (kind, communication, tables)
-CLUSTERS = {
-    "rb0": ("rb", "flat", ("country", "item", "category", "tag", "history", "brand")),
-}
-
-# one cell of the 3D sharding per line: (table, row shard, row shards, first column,
-# end column, rank); dp tables have no cells (every rank holds them whole)
-SHARDS = (
-    ("country", 0, 1, 0, 16, 0),
-    ("item", 0, 2, 0, 32, 2),
-    ("item", 1, 2, 0, 32, 1),
-    ("category", 0, 1, 0, 8, 0),
-    ("tag", 0, 1, 0, 16, 0),
-    ("history", 0, 1, 0, 24, 3),
-    ("brand", 0, 1, 0, 12, 3),
-)
-
-# name: (table, pooling, width fed to the dense model), in the order the model reads them
-FEATURES = {
-    "country": ("country", "sum", 16),
-    "item": ("item", "sum", 32),
-    "category": ("category", "concat", 8),
-    "tag": ("tag", "sum", 16),
-    "history": ("history", "sum", 24),
-    "brand_viewed": ("brand", "mean", 12),
-    "brand_bought": ("brand", "sum", 12),
-}
-FEATURE_WIDTHS = tuple(width for _, _, width in FEATURES.values())
-
+# feature_widths: what each feature of plan.json feeds the dense model, in its order
 DENSE_MODEL = DenseConfig(
     dense_features=13,
     bottom_mlp=(32, 16),
@@ -68,7 +28,7 @@ DENSE_MODEL = DenseConfig(
     cross_layers=3,
     low_rank=512,
     top_mlp=(32, 1),
-    feature_widths=FEATURE_WIDTHS,
+    feature_widths=(16, 32, 8, 16, 24, 12, 12),
 )
 DENSE_OPTIMIZER = DenseOptimizerConfig(
     kind="adagrad",
@@ -82,15 +42,7 @@ PROGRAM = TrainProgram(
     name="tiny",
     plan_path=HERE / "plan.json",
     kernels_dir=HERE / "kernels",
-    world_size=WORLD_SIZE,
-    nodes=NODES,
-    gpus_per_node=GPUS_PER_NODE,
-    global_batch=GLOBAL_BATCH,
-    row_partition=ROW_PARTITION,
-    tables=TABLES,
-    clusters=CLUSTERS,
-    shards=SHARDS,
-    features=FEATURES,
+    plan_sha256=PLAN_SHA256,
     dense=DENSE_MODEL,
     optimizer=DENSE_OPTIMIZER,
 )
