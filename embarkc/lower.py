@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from embark_runtime.formatting import format_bytes
 from embark_runtime.optimizers import columns_may_be_cut
+from embark_runtime.schedules import MAX_STEPS
 from embarkc import ir
 from embarkc.diagnostics import Collector, Diagnostic, EmbarkError, Span, did_you_mean
 from embarkc.planner import constants as K
@@ -61,7 +62,7 @@ FEATURE_FIELDS = ("hotness", "pooling", "weighted", "access")
 DTYPE_MAX = {"fp32": 3.4028234663852886e38, "fp16": 65504.0, "bf16": 3.3895313892515355e38}
 """The largest finite value of each table dtype."""
 
-TABLE_FIELDS = ("rows", "dim", "dtype", "optimizer", "init")
+TABLE_FIELDS = ("rows", "dim", "dtype", "optimizer", "schedule", "init")
 
 OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
     "sgd": ("lr", "weight_decay"),
@@ -75,6 +76,15 @@ DENSE_OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
     "adam": ("lr", "beta1", "beta2", "eps"),
 }
 INTERACTION_PARAMS: dict[str, tuple[str, ...]] = {"dot": (), "dcnv2": ("layers", "low_rank")}
+DECAY_PARAMS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "poly": ("from", "to", "power", "end"),
+    "step": ("from", "every", "factor"),
+}
+"""`decay KIND { ... }` of a `schedule`: `from` S, `to` E, `end` the rate from E on."""
+DECAY_FIELD = {"from": "start", "to": "end", "end": "end_lr"}
+"""The IR's (and plan file's) name of each decay parameter that the language spells
+otherwise (`from`/`to` read as the steps they are)."""
 INTEGER_PARAMS = frozenset({"layers", "low_rank"})
 
 
@@ -536,6 +546,8 @@ class Lowerer:
                         "e.g. `top_mlp [256, 1]`",
                     )
                     ok = False
+                if key == "top_mlp" and not self.top_output(b.fields[key], sizes):
+                    ok = False
                 kw[key] = tuple(sizes)
         if "interaction" in b.fields:
             fld = b.fields["interaction"]
@@ -573,9 +585,125 @@ class Lowerer:
                 )
                 ok = ok and opt is not None
                 kw["optimizer"] = opt
+        if "schedule" in b.fields:
+            schedule = self.attempt(self.schedule, b.fields["schedule"])
+            if schedule is None:
+                ok = False
+            elif ok:
+                base = kw.get("optimizer", ir.DenseOptimizer())
+                kw["optimizer"] = base.model_copy(update={"schedule": schedule})
+        if "precision" in b.fields:
+            tok = b.fields["precision"].values[0]
+            assert isinstance(tok, Token)
+            v = self.attempt(self.choice, tok, b.file, ("fp32", "bf16", "fp16"), "precision")
+            if v is None:
+                ok = False
+            else:
+                kw["precision"] = v
         if not ok:
             raise _Fail
         return self.build(ir.DenseModel, b.span, span=ir.SpanModel.of(b.span), **kw)
+
+    def top_output(self, fld: Field_, sizes: list[Any]) -> bool:
+        """Whether the top MLP ends in the model's one logit per sample (its last width
+        is 1; the trainer adds no layer); else says so."""
+        if sizes and sizes[-1] is not None and sizes[-1] != 1:
+            lst = fld.values[0]
+            assert isinstance(lst, Tree)
+            last = parts(lst)[-1]
+            self.error(
+                f"`top_mlp` ends in {sizes[-1]}; its last layer is the output, one logit "
+                "per sample, so it must be 1",
+                span_of(last, fld.file),
+                f"add the output layer: `top_mlp [{', '.join(str(x) for x in sizes)}, 1]`",
+            )
+            return False
+        return True
+
+    def schedule(self, fld: Field_) -> ir.Schedule:
+        """`schedule { warmup W decay KIND { ... } }` -> ir.Schedule; checks its values
+        and that they fit together (a decay starts after the warm-up, ends after it
+        starts), each at the number that breaks the rule."""
+        kw: dict[str, Any] = {}
+        ok = True
+        seen: dict[str, Field_] = {}
+        for item in parts(fld.tree):
+            if not isinstance(item, Tree):
+                continue
+            sub = Field_(item, fld.file)
+            if item.data in seen:
+                self.error(
+                    f"`{item.data}` is given twice in this `schedule`",
+                    self._head_span(sub),
+                    f"the first is at line {seen[item.data].span.line}; remove one",
+                )
+                ok = False
+                continue
+            seen[item.data] = sub
+            if item.data == "warmup":
+                node = sub.values[0]
+                assert isinstance(node, Tree)
+                v = self.attempt(
+                    self.num, node, fld.file, what="warmup", minimum=0, maximum=MAX_STEPS
+                )
+                ok = ok and v is not None
+                kw["warmup"] = v
+                continue
+            got = self.attempt(self.kind_with_params, sub, DECAY_PARAMS, "decay")
+            if got is None:
+                ok = False
+                continue
+            kind, params, _ = got
+            kw["decay"] = kind
+            for name, value in params.items():
+                kw[DECAY_FIELD.get(name, name)] = value
+        if not ok:
+            raise _Fail
+        decay = seen.get("decay")
+        kind = kw.get("decay", "none")
+        block = decay.values[1] if decay and len(decay.values) > 1 else None
+        where = {
+            DECAY_FIELD.get(name, name): span_of(p, fld.file)
+            for p in (parts(block) if isinstance(block, Tree) else [])
+            if isinstance(p, Tree)
+            for name in [str(parts(p)[0])]
+        }
+        warmup = kw.get("warmup", 0)
+        if kind != "none":
+            kw.setdefault("start", warmup)
+            if kw["start"] < warmup:
+                self.error(
+                    f"the decay starts at step {kw['start']}, inside the warm-up of {warmup} steps",
+                    where["start"],
+                    f"start it at step {warmup} or later (`from` defaults to the warm-up's end)",
+                )
+                raise _Fail
+        if kind == "poly":
+            if "end" not in kw:
+                assert decay is not None
+                self.error(
+                    "a `poly` decay needs `to`, the step at which the rate reaches `end`",
+                    decay.span,
+                    f"e.g. `decay poly {{ to {kw['start'] + 1000} power 2 }}`",
+                )
+                raise _Fail
+            if kw["end"] <= kw["start"]:
+                self.error(
+                    f"the decay ends at step {kw['end']}, not after its start at step "
+                    f"{kw['start']}",
+                    where["end"],
+                    "`to` is the step at which the rate reaches `end`: after `from`",
+                )
+                raise _Fail
+        if kind == "step" and "every" not in kw:
+            assert decay is not None
+            self.error(
+                "a `step` decay needs `every`, the steps between two cuts of the rate",
+                decay.span,
+                "e.g. `decay step { every 1000 factor 0.5 }`",
+            )
+            raise _Fail
+        return self.build(ir.Schedule, fld.span, span=ir.SpanModel.of(fld.span), **kw)
 
     def kind_with_params(
         self, fld: Field_, allowed: dict[str, tuple[str, ...]], what: str
@@ -623,6 +751,21 @@ class Lowerer:
         return kind, params, fld.span
 
     def param_value(self, pname: str, pnum: Tree, file: str) -> Any:
+        if pname in ("from", "to"):
+            return self.num(pnum, file, what=pname, minimum=0, maximum=MAX_STEPS)
+        if pname == "every":
+            return self.num(pnum, file, what=pname, maximum=MAX_STEPS)
+        if pname in ("power", "factor"):
+            v = self.num(pnum, file, integer=False, what=pname, minimum=None)
+            top = 1.0 if pname == "factor" else 1e3
+            if not 0 < v <= top:
+                self.error(
+                    f"{pname} must be above 0 and at most {top:g}, got {pnum.children[0]}",
+                    span_of(pnum, file),
+                    "the rate is multiplied by `factor` at each cut" if pname == "factor" else None,
+                )
+                raise _Fail
+            return v
         if pname in INTEGER_PARAMS:
             return self.num(pnum, file, what=pname)
         if pname in ("lr", "eps"):
@@ -722,6 +865,14 @@ class Lowerer:
                 ok = False
             else:
                 kw["optimizer"] = opt
+        fld = self.lookup("schedule", b, defaults)
+        if fld is not None:
+            schedule = self.cached(("schedule", id(fld.tree)), self.schedule, fld)
+            if schedule is None:
+                ok = False
+            else:
+                base = kw.get("optimizer", ir.Optimizer())
+                kw["optimizer"] = base.model_copy(update={"schedule": schedule})
         fld = self.lookup("init", b, defaults)
         if fld is not None:
             init = self.cached(("init", id(fld.tree)), self.init, fld)
