@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -238,3 +239,63 @@ def test_mixed_precision_refuses_fp16_off_cuda_and_bf16_autocasts_on_cpu():
     with fp32.autocast():
         assert lin(torch.randn(3, 4)).dtype == torch.float32
     assert math.isclose(sum(1 for _ in fp32.state()), 0)
+
+
+def _one_rank_plan(schedule: str):
+    spec = (
+        "hardware { nodes 1 gpus_per_node 1 hbm 1 GiB hbm_bandwidth 100 GB/s nvlink 50 GB/s "
+        "network 10 Gb/s }\n"
+        f"table a {{ rows 50 dim 4 hotness 2 optimizer sgd {{ lr 0.5 }} {schedule} }}\n"
+        "table b { rows 40 dim 4 hotness 1 optimizer adagrad { lr 0.1 } }\n"
+        "model { batch 8 }\n"
+    )
+    return parse_plan(plan_to_json(plan_program(load_program_text(spec), solver="greedy")))
+
+
+@pytest.mark.parametrize("step", [0, 2, 5])
+def test_both_embedding_paths_update_at_the_scheduled_rate(step):
+    """One SGD step at `step` of `warmup 4 decay step { every 1 factor 0.5 }` moves table
+    a by rate(step) * gradient in the sharded path (one rank) and the reference alike;
+    the unscheduled adagrad table b moves at its own rate in both."""
+    from embark_runtime.embedding import ReferenceEmbeddings, ShardedEmbeddings
+    from embark_runtime.kernels import TorchKernels
+    from embark_runtime.optim import schedule_clusters
+    from embark_runtime.synthetic import Bag
+
+    plan = _one_rank_plan("schedule { warmup 4 decay step { every 1 factor 0.5 } }")
+    rate = plan.tables[0].optimizer_params.schedule.rate(0.5, step)
+    assert rate == [0.125, 0.25, 0.375, 0.5, 0.5, 0.25][step]
+    batch = {
+        "a": Bag(ids=np.array([3, 7, 3, 9] * 4), offsets=np.arange(0, 17, 2)),
+        "b": Bag(ids=np.arange(8) * 5, offsets=np.arange(9)),
+    }
+    sharded = ShardedEmbeddings(plan, 0, 1, kernels=TorchKernels(torch.float64), seed=0)
+    reference = ReferenceEmbeddings(plan, seed=0, accum=torch.float64)
+    before = reference.table_weights("a").clone()
+    schedule_clusters(sharded.clusters, step)
+    reference.step = step
+    for emb in (sharded, reference):
+        out = emb(batch)
+        (out["a"].sum() + 2 * out["b"].sum()).backward()
+    sharded.finish_backward()
+    moved = before - reference.table_weights("a")
+    counts = torch.bincount(torch.tensor([3, 7, 3, 9] * 4), minlength=50).float()
+    assert torch.allclose(moved, (rate * counts)[:, None].expand(50, 4), rtol=0, atol=1e-6)
+    for name in ("a", "b"):
+        assert torch.equal(sharded.gather_table(name).float(), reference.table_weights(name))
+
+
+def test_the_loss_scale_is_taken_off_the_embedding_gradients_and_an_overflow_dropped():
+    """fp16's dynamic loss scaling (CUDA) multiplies the loss by S; the embeddings update
+    inside the backward, so their gradients are divided by S on the way out of the dense
+    model, and an overflowed one is zeroed (the dense step of that step is skipped)."""
+    from embark_runtime.dense import _Unscale
+
+    x = torch.ones(2, 3, requires_grad=True)
+    y = _Unscale.apply(x, torch.tensor(1024.0))
+    (y * 2048.0).sum().backward()
+    assert torch.equal(x.grad, torch.full((2, 3), 2.0))
+    x.grad = None
+    y = _Unscale.apply(x, torch.tensor(1024.0))
+    (y * torch.tensor([[1.0, float("inf"), 1.0], [1.0, 1.0, 1.0]])).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(2, 3))
