@@ -403,7 +403,7 @@ def test_fp32_sharded_training_equals_the_reference_to_rounding(
 
 BF16_LOSS_BOUND = 1e-3
 BF16_TABLE_BOUND = 2e-3
-"""docs/training.md's bound of a bf16 run against the fp32 reference (SGD, 50 steps of
+"""docs/language.md's bound ("Mixed precision") of a bf16 run against the fp32 reference (SGD, 50 steps of
 tiny): every step's loss within 0.1 % of the reference's, every table weight within 2e-3
 (measured: 7.8e-5 and 2.4e-4, bench/RESULTS.md)."""
 
