@@ -85,6 +85,7 @@ from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.optim import schedule_clusters
 from embark_runtime.plan import Plan, PlanError, dense_precision, dense_schedule, load_plan
+from embark_runtime.schedules import rate_at as schedule_rate
 
 EXIT_USER_ERROR = 2
 
@@ -688,6 +689,7 @@ class _Reference:
                     "samples_per_s": self.program.global_batch / dt,
                     "bytes": {},
                     "bytes_total": 0,
+                    **_rates_record(self.program, self.plan, step),
                 }
             )
             if self.log.error is not None:
@@ -785,6 +787,25 @@ def _precision(args: argparse.Namespace, plan: Plan) -> str:
     if precision == "fp16" and not (torch.cuda.is_available() and args.device != "cpu"):
         raise TrainerError("fp16 trains on CUDA only; on the CPU use --precision bf16 or fp32")
     return str(precision)
+
+
+def _scheduled_rates(program: TrainProgram, plan: Plan, step: int) -> dict[str, Any] | None:
+    """The log record's `lr` of `step` (when any rate is scheduled): the dense optimizer's
+    rate and each scheduled table's, {"dense": r, "tables": {name: r}}."""
+    tables = {
+        t.name: t.optimizer_params.schedule.rate(t.optimizer_params.lr, step)
+        for t in plan.tables
+        if t.optimizer_params.schedule is not None
+    }
+    schedule = dense_schedule(plan)
+    if schedule is None and not tables:
+        return None
+    return {"dense": schedule_rate(program.optimizer.lr, schedule, step), "tables": tables}
+
+
+def _rates_record(program: TrainProgram, plan: Plan, step: int) -> dict[str, Any]:
+    rates = _scheduled_rates(program, plan, step)
+    return {} if rates is None else {"lr": rates}
 
 
 def _rates_line(program: TrainProgram, plan: Plan, args: argparse.Namespace) -> str:
@@ -1108,6 +1129,7 @@ class _Sharded:
                 "step_s": dt,
                 "bytes": moved,
                 "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
+                **_rates_record(self.program, self.plan, step),
             }
             if a.measure_phases:
                 from embark_runtime.phases import gather_phases

@@ -299,3 +299,26 @@ def test_the_loss_scale_is_taken_off_the_embedding_gradients_and_an_overflow_dro
     y = _Unscale.apply(x, torch.tensor(1024.0))
     (y * torch.tensor([[1.0, float("inf"), 1.0], [1.0, 1.0, 1.0]])).sum().backward()
     assert torch.equal(x.grad, torch.zeros(2, 3))
+
+
+def test_check_names_the_schedules_and_precision_only_when_set(tmp_path, capsys):
+    from embarkc.cli import main
+
+    spec = tmp_path / "s.embark"
+    spec.write_text(HW + "table a { rows 100 dim 16 hotness 1 }\nmodel { batch 64 }\n")
+    assert main(["check", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "rate" not in out and "precision" not in out
+    spec.write_text(
+        HW + "table a { rows 100 dim 16 hotness 1 schedule { warmup 10 } }\n"
+        "model { batch 64 optimizer adam { lr 0.001 } precision bf16\n"
+        "  schedule { warmup 100 decay poly { from 200 to 1000 power 2 } } }\n"
+    )
+    assert main(["check", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "scheduled rates       1 of 1 tables" in out
+    assert (
+        "dense rate            adam lr 0.001, warm-up 100 steps, poly decay (power 2) "
+        "from step 200 to 1000, down to 0" in out
+    )
+    assert "dense precision       bf16" in out
