@@ -28,7 +28,14 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from embark_runtime.dtypes import DTYPE_BYTES
 from embark_runtime.optimizers import STATE_ELEMENT_BYTES, optimizer
@@ -45,6 +52,8 @@ from embark_runtime.plan import (
     MAX_ROWS,
     MAX_SEED,
 )
+from embark_runtime.schedules import MAX_STEPS
+from embark_runtime.schedules import Schedule as RuntimeSchedule
 from embarkc.diagnostics import Span
 
 LIMITS = {
@@ -167,6 +176,42 @@ class Topology(Node):
 # --------------------------------------------------------------------------- tables
 
 
+class Schedule(Node):
+    """A learning-rate schedule (`schedule { warmup W decay poly { ... } }`): the rate
+    at step t is `embark_runtime.schedules.Schedule.rate(lr, t)`, which owns the math and
+    the rules between the fields (a decay starts after the warm-up, a poly decay ends
+    after it starts)."""
+
+    warmup: int = Field(default=0, ge=0, le=MAX_STEPS)
+    decay: Literal["none", "poly", "step"] = "none"
+    start: int = Field(default=0, ge=0, le=MAX_STEPS)
+    end: int = Field(default=0, ge=0, le=MAX_STEPS)
+    power: float = Field(default=1.0, gt=0, le=1e3)
+    end_lr: float = Field(default=0.0, ge=0)
+    every: int = Field(default=1, gt=0, le=MAX_STEPS)
+    factor: float = Field(default=0.1, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _runtime_rules(self) -> Schedule:
+        self.runtime()
+        return self
+
+    def runtime(self) -> RuntimeSchedule:
+        """The plan file's and the trainer's form of this schedule."""
+        return RuntimeSchedule.model_validate(without_spans(self.model_dump(mode="json")))
+
+
+def _without_unset(handler: SerializerFunctionWrapHandler, node: BaseModel, **unset: Any) -> Any:
+    """`node`'s dump without the fields whose value is their `unset` one: fields added
+    since plans were first written are left out until a spec sets them, so that the plan
+    of every spec without them stays byte-identical."""
+    data = handler(node)
+    for name, value in unset.items():
+        if name in data and getattr(node, name) == value:
+            del data[name]
+    return data
+
+
 class Optimizer(Node):
     """A sparse embedding optimizer and its hyper-parameters.
 
@@ -180,6 +225,8 @@ class Optimizer(Node):
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
+    schedule: Schedule | None = None
+    """How the rate changes over the steps; None: constant."""
 
     def state_elements_per_row(self, dim: int) -> int:
         """fp32 optimizer-state elements stored for one row of width `dim`."""
@@ -287,6 +334,16 @@ class DenseOptimizer(Node):
     eps: float = Field(default=1e-8, gt=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
+    schedule: Schedule | None = None
+    """How the rate changes over the steps; None: constant (not dumped, see
+    `_without_unset`)."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_unset(handler, self, schedule=None)
+
+
+Precision = Literal["fp32", "bf16", "fp16"]
 
 
 class DenseModel(Node):
@@ -299,6 +356,13 @@ class DenseModel(Node):
     interaction: Interaction = Interaction()
     top_mlp: tuple[int, ...] = (1,)
     optimizer: DenseOptimizer = DenseOptimizer()
+    precision: Precision = "fp32"
+    """The dense model's compute: fp32, or autocast to bf16 or fp16 over fp32 weights
+    (fp16 with dynamic loss scaling). Not dumped when fp32 (`_without_unset`)."""
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_unset(handler, self, precision="fp32")
 
 
 # --------------------------------------------------------------------------- planning

@@ -20,11 +20,14 @@ training matches the unsharded reference run on one process.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from embark_runtime.schedules import Schedule, rate_at
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,13 @@ class DenseConfig:
             raise ValueError("a bottom MLP needs dense features")
         if not self.feature_widths and self.dense_features == 0:
             raise ValueError("the model has no input: no dense features and no embeddings")
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            # the language refuses such a spec; an older one's train.py is refused here
+            # rather than given an output layer it did not ask for
+            raise ValueError(
+                f"top_mlp {list(self.top_mlp)} does not end in 1, the model's one logit "
+                "per sample: add the output layer to the spec and recompile it"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,8 +126,7 @@ class DLRMDense(nn.Module):
             self.project = nn.ModuleList()
             top_in = (d if has_x else 0) + sum(c.feature_widths)
             self.cross = CrossNetV2(top_in, c.cross_layers, c.low_rank)
-        top = tuple(c.top_mlp) if c.top_mlp and c.top_mlp[-1] == 1 else (*c.top_mlp, 1)
-        self.top = _mlp(top_in, top, last_activation=False)
+        self.top = _mlp(top_in, c.top_mlp, last_activation=False)
         self.has_x = has_x
 
     def bottom_forward(self, dense: torch.Tensor) -> torch.Tensor | None:
@@ -204,6 +213,95 @@ def make_optimizer(
     if cfg.kind == "adam":
         return torch.optim.Adam(plist, lr=cfg.lr, eps=cfg.eps, betas=(cfg.beta1, cfg.beta2))
     raise ValueError(f"unknown dense optimizer {cfg.kind!r} (sgd, adagrad or adam)")
+
+
+def set_rate(opt: torch.optim.Optimizer, lr: float, schedule: Schedule | None, step: int) -> float:
+    """Give every parameter group of `opt` the rate of `step` under `schedule` (the
+    optimizer's own `lr` without one); returns it."""
+    rate = rate_at(lr, schedule, step)
+    for group in opt.param_groups:
+        group["lr"] = rate
+    return rate
+
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The dense model's precisions: the dtype autocast computes in (None: no autocast)."""
+
+
+class _Unscale(torch.autograd.Function):
+    """Identity forward; backward divides the gradient by the loss scale, so that the
+    embeddings (updated inside the backward) see the gradient of the unscaled loss. A
+    gradient that overflowed is zeroed: the dense step of that step is skipped by the
+    scaler, and the embedding rows of this rank's samples are left as they are."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        out = g / ctx.scale.to(g.dtype)
+        if not bool(torch.isfinite(out).all()):
+            out = torch.zeros_like(out)
+        return out, None
+
+
+class MixedPrecision:
+    """How the dense model computes: fp32, or autocast to bf16 or fp16 over fp32 weights.
+
+    The weights, their gradients, the all-reduce and the optimizer stay fp32 (the master
+    weights); autocast runs the matrix products in the low precision. fp16 adds dynamic
+    loss scaling (torch.amp.GradScaler): the loss is multiplied by a scale before the
+    backward, the dense gradients are divided by it before the step, a step whose
+    gradients overflowed is skipped and the scale halved, and it doubles after 2000
+    clean steps. The embedding outputs pass through `embedded`, which unscales their
+    gradients, since the embeddings update themselves during the backward.
+    """
+
+    def __init__(self, name: str, device: torch.device):
+        if name not in PRECISIONS:
+            raise ValueError(f"unknown precision {name!r} (fp32, bf16 or fp16)")
+        if name == "fp16" and device.type != "cuda":
+            raise ValueError("fp16 trains on CUDA only; on the CPU use bf16 (or fp32)")
+        self.name = name
+        self.device_type = device.type
+        self.dtype = PRECISIONS[name]
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def output(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits the loss is computed from: fp32 after autocast (a bf16 or fp16
+        cross-entropy would round the loss itself), as they are otherwise."""
+        return logits if self.dtype is None else logits.float()
+
+    def embedded(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The embedding outputs to feed the dense model (unscaled in the backward)."""
+        if self.scaler is None:
+            return list(outputs)
+        scale = self.scaler.get_scale()
+        s = torch.tensor(float(scale), device=outputs[0].device) if outputs else None
+        return [_Unscale.apply(o, s) for o in outputs]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, opt: torch.optim.Optimizer) -> None:
+        """The optimizer's step (skipped when a scaled gradient overflowed)."""
+        if self.scaler is None:
+            opt.step()
+            return
+        self.scaler.step(opt)
+        self.scaler.update()
+
+    def state(self) -> Iterator[tuple[str, float]]:
+        """The loss scale, for logs (fp16 only)."""
+        if self.scaler is not None:
+            yield "loss_scale", float(self.scaler.get_scale())
 
 
 def optimizer_state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

@@ -64,3 +64,25 @@ def apply_update(
         kernels.scatter_add_rows(summed, inverse, grads.to(acc))
         rows, grads = unique, summed
     kernels.sparse_update(weight, state, rows, grads, table.optimizer, table.optimizer_params)
+
+
+def scheduled(table, step: int):
+    """`table` (a plan table) with its optimizer's rate at `step` under its schedule
+    (embark_runtime.schedules); `table` itself when it has none."""
+    params = table.optimizer_params
+    if params.schedule is None:
+        return table
+    lr = params.schedule.rate(params.lr, step)
+    return table.model_copy(update={"optimizer_params": params.model_copy(update={"lr": lr})})
+
+
+def schedule_clusters(clusters, step: int) -> None:
+    """Give the tables of every cluster (their `tables` and `table_by_name`, which the
+    updates read their rates from) the rates of `step`; called before each step's
+    forward, so that every update of the step, in the backward or in `finish_backward`,
+    uses them."""
+    for c in clusters:
+        tables = [scheduled(c.plan.table(name), step) for name in c.spec.tables]
+        if any(t.optimizer_params.schedule is not None for t in tables):
+            c.tables = tables
+            c.table_by_name = {t.name: t for t in tables}

@@ -311,6 +311,10 @@ class Scalars:
         w.add_scalar("train/step_s", record["step_s"], n)
         for p, v in record.get("phases", {}).get("slowest", {}).items():
             w.add_scalar(f"phase_slowest_s/{p}", v, n)
+        if "lr" in record:  # a scheduled rate: the dense one and each scheduled table's
+            w.add_scalar("lr/dense", record["lr"]["dense"], n)
+            for table, v in record["lr"]["tables"].items():
+                w.add_scalar(f"lr/{table}", v, n)
 
     def eval(self, step: int, values: dict[str, float]) -> None:
         for k, v in values.items():

@@ -8,9 +8,10 @@ physically meaningful (the MAX_ and MIN_ bounds below), naming the field. It imp
 neither torch nor the compiler.
 
 Fields beyond the contract (all documented in docs/plan.md):
-  tables[].optimizer_params, tables[].init, tables[].bytes
+  tables[].optimizer_params (.schedule when set), tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
-  topology.{arch, dense_flops, constants}, model, seed, estimate.{critical_rank, critical_path,
+  topology.{arch, dense_flops, constants}, model (.optimizer.schedule, .precision when
+  set), seed, estimate.{critical_rank, critical_path,
   components, per_rank[].components, per_rank[].memory, per_table, key_window},
   planner.{objective, bound, greedy_step_time, baselines, message}
 """
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from embark_runtime.dtypes import DTYPE_BYTES
 from embark_runtime.optimizers import optimizer
+from embark_runtime.schedules import Schedule
 
 FORMAT = "embark-plan"
 VERSION = 1
@@ -130,6 +132,8 @@ class OptimizerParams(_M):
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
+    schedule: Schedule | None = None
+    """The rate's schedule over the steps (embark_runtime.schedules); absent: constant."""
 
 
 class InitParams(_M):
@@ -338,6 +342,12 @@ class _OwnDenseOptimizer(_M):
     eps: float = Field(default=1e-8, gt=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
+    schedule: Schedule | None = None
+    """The dense rate's schedule (embark_runtime.schedules); absent: constant."""
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""How the dense model computes: fp32, or autocast to bf16 or fp16 (fp32 master weights)."""
 
 
 class _OwnModel(_M):
@@ -349,6 +359,15 @@ class _OwnModel(_M):
     interaction: _OwnInteraction | Literal["dot", "dcnv2"] = _OwnInteraction()
     top_mlp: list[LayerWidth] = Field(default=[1], max_length=MAX_LAYERS)
     optimizer: _OwnDenseOptimizer = _OwnDenseOptimizer()
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Absent in plans of fp32 specs."""
+
+    @field_validator("top_mlp")
+    @classmethod
+    def _ends_in_the_logit(cls, v: list[int]) -> list[int]:
+        if v and v[-1] != 1:
+            raise ValueError(f"the top MLP ends in the model's one logit: 1, not {v[-1]}")
+        return v
 
 
 class _OwnFields(_M):
@@ -437,6 +456,20 @@ class Plan(_M):
             t = self.table(s.table)
             mem[s.rank] += t.bytes_for(self.row_count(s.table, s.row_shard, s.row_shards), s.width)
         return mem
+
+
+def dense_schedule(plan: Plan) -> Schedule | None:
+    """The dense optimizer's schedule the plan's `model` gives (None: a constant rate)."""
+    model = (plan.model_extra or {}).get("model") or {}
+    optimizer = model.get("optimizer") if isinstance(model, dict) else None
+    data = optimizer.get("schedule") if isinstance(optimizer, dict) else None
+    return None if data is None else Schedule.model_validate(data)
+
+
+def dense_precision(plan: Plan) -> str:
+    """The dense model's precision the plan's `model` gives (fp32 when absent)."""
+    model = (plan.model_extra or {}).get("model") or {}
+    return str(model.get("precision", "fp32")) if isinstance(model, dict) else "fp32"
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from embark_runtime.init import initial_values
 from embark_runtime.optim import new_state
+from embark_runtime.schedules import rate_at
 from embark_runtime.storage import TORCH_DTYPES
 
 
@@ -65,6 +66,9 @@ class ReferenceEmbeddings(torch.nn.Module):
                 t.optimizer, t.rows, t.dim, t.optimizer_params, self.device
             )
         self._anchor = torch.nn.Parameter(torch.zeros(0))
+        self.step = 0
+        """The step being trained (0-based): the optimizers' rates follow their schedules
+        at it. The trainer sets it before each step."""
 
     def table_weights(self, name: str) -> Tensor:
         return self.weights[name].float()
@@ -151,18 +155,19 @@ class ReferenceEmbeddings(torch.nn.Module):
 
     def _apply(self, t, rows: Tensor, g: Tensor) -> None:
         p = t.optimizer_params
+        lr = rate_at(p.lr, p.schedule, self.step)
         weight, st = self.weights[t.name], self.states[t.name]
         g = g.float()  # the optimizer sees the fp32 gradient (rounded once in exact mode)
         w = weight[rows].float()
         g = g + p.weight_decay * w if p.weight_decay else g
         if t.optimizer == "sgd":
-            w = w - p.lr * g
+            w = w - lr * g
         elif t.optimizer == "adagrad":
             st["sum"][rows] += g * g
-            w = w - p.lr * g / (st["sum"][rows].sqrt() + p.eps)
+            w = w - lr * g / (st["sum"][rows].sqrt() + p.eps)
         elif t.optimizer == "rowwise_adagrad":
             st["sum"][rows] += (g * g).mean(dim=1)
-            w = w - p.lr * g / (st["sum"][rows].sqrt() + p.eps)[:, None]
+            w = w - lr * g / (st["sum"][rows].sqrt() + p.eps)[:, None]
         else:
             st["step"][rows] += 1
             k = st["step"][rows].double()
@@ -170,5 +175,5 @@ class ReferenceEmbeddings(torch.nn.Module):
             st["v"][rows] = p.beta2 * st["v"][rows] + (1 - p.beta2) * g * g
             m_hat = st["m"][rows] / (1 - torch.pow(p.beta1, k)).float()[:, None]
             v_hat = st["v"][rows] / (1 - torch.pow(p.beta2, k)).float()[:, None]
-            w = w - p.lr * m_hat / (v_hat.sqrt() + p.eps)
+            w = w - lr * m_hat / (v_hat.sqrt() + p.eps)
         weight[rows] = w.to(weight.dtype)

@@ -72,17 +72,28 @@ from embark_runtime.dense import (
     DenseOptimizerConfig,
     DenseStateError,
     DLRMDense,
+    MixedPrecision,
     allreduce_gradients,
     check_dense_state,
     load_optimizer_state_tensors,
     local_loss,
     make_optimizer,
     optimizer_state_tensors,
+    set_rate,
 )
 from embark_runtime.files import output_target
 from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
-from embark_runtime.plan import Plan, PlanError, load_plan, plan_digest
+from embark_runtime.optim import schedule_clusters
+from embark_runtime.plan import (
+    Plan,
+    PlanError,
+    dense_precision,
+    dense_schedule,
+    load_plan,
+    plan_digest,
+)
+from embark_runtime.schedules import rate_at as schedule_rate
 
 EXIT_USER_ERROR = 2
 
@@ -213,6 +224,13 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--exact", dest="numerics", action="store_const", const="exact", help="--numerics exact"
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        help="the dense model's compute, overriding the spec's `precision`: bf16 or fp16 "
+        "(CUDA only, with dynamic loss scaling) under autocast over fp32 weights; not with "
+        "--numerics exact (auto numerics then mean fp32)",
     )
     p.add_argument(
         "--device",
@@ -366,6 +384,7 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         except PlanError as e:
             raise TrainerError(str(e)) from None
         program.check_plan(plan)
+        args.precision = _precision(args, plan)
     except _user_errors() as e:
         # the options and plan.json are the same for every rank of a node: one says it
         if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -648,8 +667,10 @@ class _Reference:
         # same device's rounding; exact numerics unless --numerics fp32
         self.device = _device(args)
         self.data = _Data(program, plan, args)
-        self.exact = args.numerics != "fp32"
+        self.exact = args.numerics != "fp32" and args.precision == "fp32"
         self.dtype = torch.float64 if self.exact else torch.float32
+        self.precision = MixedPrecision(args.precision, self.device)
+        self.schedule = dense_schedule(plan)
         self.embeddings = ReferenceEmbeddings(
             plan, seed=args.seed, accum=self.dtype, device=self.device
         )
@@ -661,23 +682,29 @@ class _Reference:
     def _logits(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
-        return self.model(dense, [out[f.name] for f in self.plan.features])
+        embedded = self.precision.embedded([out[f.name] for f in self.plan.features])
+        with self.precision.autocast():
+            return self.model(dense, embedded)
 
     def run(self) -> int:
         a = self.args
         self.log.say(
             f"{self.program.name}: reference run, unsharded, one process"
             f", {'exact (fp64 sums)' if self.exact else 'fp32'}, device {self.device}"
-            f"; data {self.data.description}"
+            f"; data {self.data.description}{_rates_line(self.program, self.plan, a)}"
         )
         for step in range(a.steps):
             t0 = time.perf_counter()
+            self.embeddings.step = step
+            set_rate(self.optimizer, self.program.optimizer.lr, self.schedule, step)
             batch = self.data.global_batch(step)
             _, labels = _tensors(batch, self.device)
-            loss = local_loss(self._logits(batch), labels, self.plan.batch_size)
+            loss = local_loss(
+                self.precision.output(self._logits(batch)), labels, self.plan.batch_size
+            )
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            self.precision.backward(loss)
+            self.precision.step(self.optimizer)
             dt = time.perf_counter() - t0
             self.log.step(
                 {
@@ -686,6 +713,7 @@ class _Reference:
                     "samples_per_s": self.plan.batch_size / dt,
                     "bytes": {},
                     "bytes_total": 0,
+                    **_rates_record(self.program, self.plan, step),
                 }
             )
             if self.log.error is not None:
@@ -765,8 +793,55 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 
 def _exact(args: argparse.Namespace, device: torch.device) -> bool:
-    """Whether to train in exact numerics: `--numerics exact`, or auto off CUDA."""
-    return args.numerics == "exact" or (args.numerics == "auto" and device.type != "cuda")
+    """Whether to train in exact numerics: `--numerics exact`, or auto off CUDA in fp32."""
+    auto = args.numerics == "auto" and device.type != "cuda" and args.precision == "fp32"
+    return args.numerics == "exact" or auto
+
+
+def _precision(args: argparse.Namespace, plan: Plan) -> str:
+    """The dense model's precision: --precision, else the plan's; exact numerics (fp64)
+    and a lower precision exclude each other."""
+    precision = args.precision or dense_precision(plan)
+    if precision != "fp32" and args.numerics == "exact":
+        origin = "--precision" if args.precision else "the spec's `precision`"
+        raise TrainerError(
+            f"--numerics exact computes the dense model in fp64, {origin} says {precision}: "
+            "use --numerics fp32 (or auto) with it, or --precision fp32 for an exact run"
+        )
+    if precision == "fp16" and not (torch.cuda.is_available() and args.device != "cpu"):
+        raise TrainerError("fp16 trains on CUDA only; on the CPU use --precision bf16 or fp32")
+    return str(precision)
+
+
+def _scheduled_rates(program: TrainProgram, plan: Plan, step: int) -> dict[str, Any] | None:
+    """The log record's `lr` of `step` (when any rate is scheduled): the dense optimizer's
+    rate and each scheduled table's, {"dense": r, "tables": {name: r}}."""
+    tables = {
+        t.name: t.optimizer_params.schedule.rate(t.optimizer_params.lr, step)
+        for t in plan.tables
+        if t.optimizer_params.schedule is not None
+    }
+    schedule = dense_schedule(plan)
+    if schedule is None and not tables:
+        return None
+    return {"dense": schedule_rate(program.optimizer.lr, schedule, step), "tables": tables}
+
+
+def _rates_record(program: TrainProgram, plan: Plan, step: int) -> dict[str, Any]:
+    rates = _scheduled_rates(program, plan, step)
+    return {} if rates is None else {"lr": rates}
+
+
+def _rates_line(program: TrainProgram, plan: Plan, args: argparse.Namespace) -> str:
+    """The start line's words on the precision and the schedules ("" when none is set)."""
+    words = [f"dense {args.precision}"] if args.precision != "fp32" else []
+    schedule = dense_schedule(plan)
+    if schedule is not None:
+        words.append(f"dense rate {schedule.describe()}")
+    scheduled = [t.name for t in plan.tables if t.optimizer_params.schedule is not None]
+    if scheduled:
+        words.append(f"{len(scheduled)} scheduled embedding rate(s)")
+    return "; " + ", ".join(words) if words else ""
 
 
 def _kernels(program: TrainProgram, device: torch.device, exact: bool) -> tuple[Any, str]:
@@ -920,6 +995,8 @@ class _Sharded:
         self.dtype = torch.float64 if exact else torch.float32
         self.model = DLRMDense(program.dense, seed=args.seed).to(self.device, self.dtype)
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
+        self.precision = MixedPrecision(args.precision, self.device)
+        self.schedule = dense_schedule(plan)
         self.data = self._together("read the dataset", lambda: _Data(program, plan, args))
         self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
         self.eval_batches = self.data.eval_count(args.eval_batches, self.log)
@@ -981,18 +1058,20 @@ class _Sharded:
         # backward the embeddings' node runs first and its dp gradient exchange (left in
         # flight) overlaps the bottom MLP's backward and the dense all-reduce
         phase = self.clock.phase
-        with phase("dense_forward", collective=True):
+        with phase("dense_forward", collective=True), self.precision.autocast():
             bottom = self.model.bottom_forward(dense_in)
         out = self.embeddings(batch.sparse)
         if prefetch is not None:
             # the next batch's keys travel while this step's dense part computes
             self.embeddings.prefetch(prefetch.sparse)
+        embedded = self.precision.embedded([out[f.name] for f in self.plan.features])
         with phase("dense_forward", collective=True):
-            logits = self.model(dense_in, [out[f.name] for f in self.plan.features], bottom=bottom)
-            loss = local_loss(logits, labels, self.plan.batch_size)
+            with self.precision.autocast():
+                logits = self.model(dense_in, embedded, bottom=bottom)
+            loss = local_loss(self.precision.output(logits), labels, self.plan.batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         with phase("dense_backward", collective=True):
-            loss.backward()
+            self.precision.backward(loss)
         dense_traffic = Traffic()
         # the dp tables' gradient exchange is still in flight (overlap on): it runs
         # while the dense gradients are all-reduced, and completes just after
@@ -1004,7 +1083,7 @@ class _Sharded:
         )
         self.embeddings.finish_backward()
         with phase("dense_update"):
-            self.optimizer.step()
+            self.precision.step(self.optimizer)
 
         moved = {c: dict(v) for c, v in self.embeddings.bytes_moved().items()}
         moved.update(dense_traffic.as_dict())
@@ -1030,7 +1109,8 @@ class _Sharded:
         self.log.say(
             f"{self.program.name}: {self.world} rank{'s' if self.world != 1 else ''}, "
             f"backend {self.dist.get_backend()}, "
-            f"{self.kernel_note}, device {self.device.type}; data {self.data.description}; "
+            f"{self.kernel_note}, device {self.device.type}; data {self.data.description}"
+            f"{_rates_line(self.program, self.plan, a)}; "
             + (f"resumed from {source} at step {start}" if source else "starting at step 0")
         )
         if a.checkpoint_dir is not None and self.rank == 0:
@@ -1063,6 +1143,8 @@ class _Sharded:
             if done < a.steps and not a.no_overlap and not eval_due:
                 prefetch = nxt if nxt is not None else batch
             failed = self._pending is not None or self.log.error is not None
+            schedule_clusters(self.embeddings.clusters, step)
+            set_rate(self.optimizer, self.program.optimizer.lr, self.schedule, step)
             loss, moved, failing = self._step(batch, prefetch, failed)
             spent = self.clock.end_step()
             dt = time.perf_counter() - t0
@@ -1075,6 +1157,7 @@ class _Sharded:
                 "step_s": dt,
                 "bytes": moved,
                 "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
+                **_rates_record(self.program, self.plan, step),
             }
             if a.measure_phases:
                 from embark_runtime.phases import gather_phases

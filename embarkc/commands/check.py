@@ -75,6 +75,18 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
         if dp and gpus > 1
         else ""
     )
+    # only for specs that set them: the summary of every other spec reads as before
+    training: list[tuple[str, str]] = []
+    scheduled = [t for t in program.tables if t.optimizer.schedule is not None]
+    if scheduled:
+        training.append(("scheduled rates", f"{len(scheduled)} of {len(program.tables)} tables"))
+    dense = program.model.optimizer
+    if dense.schedule is not None:
+        training.append(
+            ("dense rate", f"{dense.kind} lr {dense.lr:g}, {dense.schedule.runtime().describe()}")
+        )
+    if program.model.precision != "fp32":
+        training.append(("dense precision", program.model.precision))
     return [
         (
             "GPUs",
@@ -93,6 +105,7 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
             f"{100 * used / capacity:.1f}% of {format_bytes(capacity)} "
             f"({format_bytes(capacity - used)} headroom{copies})",
         ),
+        *training,
     ]
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from lark import Token, Tree
 from pydantic import ValidationError
 
+from embark_runtime.schedules import MAX_STEPS
 from embarkc import ir
 from embarkc.diagnostics import Collector, Span, did_you_mean
 from embarkc.syntax import parts, span_of
@@ -38,7 +39,7 @@ FEATURE_FIELDS = ("hotness", "pooling", "weighted", "access")
 DTYPE_MAX = {"fp32": 3.4028234663852886e38, "fp16": 65504.0, "bf16": 3.3895313892515355e38}
 """The largest finite value of each table dtype."""
 
-TABLE_FIELDS = ("rows", "dim", "dtype", "optimizer", "init")
+TABLE_FIELDS = ("rows", "dim", "dtype", "optimizer", "schedule", "init")
 
 OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
     "sgd": ("lr", "weight_decay"),
@@ -52,6 +53,15 @@ DENSE_OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
     "adam": ("lr", "beta1", "beta2", "eps"),
 }
 INTERACTION_PARAMS: dict[str, tuple[str, ...]] = {"dot": (), "dcnv2": ("layers", "low_rank")}
+DECAY_PARAMS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "poly": ("from", "to", "power", "end"),
+    "step": ("from", "every", "factor"),
+}
+"""`decay KIND { ... }` of a `schedule`: `from` S, `to` E, `end` the rate from E on."""
+DECAY_FIELD = {"from": "start", "to": "end", "end": "end_lr"}
+"""The IR's (and plan file's) name of each decay parameter that the language spells
+otherwise (`from`/`to` read as the steps they are)."""
 INTEGER_PARAMS = frozenset({"layers", "low_rank"})
 
 
@@ -274,6 +284,91 @@ class LowererBase:
             cache[key] = self.attempt(fn, *args, **kw)
         return cache[key]
 
+    def schedule(self, fld: Field_) -> ir.Schedule:
+        """`schedule { warmup W decay KIND { ... } }` -> ir.Schedule; checks its values
+        and that they fit together (a decay starts after the warm-up, ends after it
+        starts), each at the number that breaks the rule."""
+        kw: dict[str, Any] = {}
+        ok = True
+        seen: dict[str, Field_] = {}
+        for item in parts(fld.tree):
+            if not isinstance(item, Tree):
+                continue
+            sub = Field_(item, fld.file)
+            if item.data in seen:
+                self.error(
+                    f"`{item.data}` is given twice in this `schedule`",
+                    self._head_span(sub),
+                    f"the first is at line {seen[item.data].span.line}; remove one",
+                )
+                ok = False
+                continue
+            seen[item.data] = sub
+            if item.data == "warmup":
+                node = sub.values[0]
+                assert isinstance(node, Tree)
+                v = self.attempt(
+                    self.num, node, fld.file, what="warmup", minimum=0, maximum=MAX_STEPS
+                )
+                ok = ok and v is not None
+                kw["warmup"] = v
+                continue
+            got = self.attempt(self.kind_with_params, sub, DECAY_PARAMS, "decay")
+            if got is None:
+                ok = False
+                continue
+            kind, params, _ = got
+            kw["decay"] = kind
+            for name, value in params.items():
+                kw[DECAY_FIELD.get(name, name)] = value
+        if not ok:
+            raise _Fail
+        decay = seen.get("decay")
+        kind = kw.get("decay", "none")
+        block = decay.values[1] if decay and len(decay.values) > 1 else None
+        where = {
+            DECAY_FIELD.get(name, name): span_of(p, fld.file)
+            for p in (parts(block) if isinstance(block, Tree) else [])
+            if isinstance(p, Tree)
+            for name in [str(parts(p)[0])]
+        }
+        warmup = kw.get("warmup", 0)
+        if kind != "none":
+            kw.setdefault("start", warmup)
+            if kw["start"] < warmup:
+                self.error(
+                    f"the decay starts at step {kw['start']}, inside the warm-up of {warmup} steps",
+                    where["start"],
+                    f"start it at step {warmup} or later (`from` defaults to the warm-up's end)",
+                )
+                raise _Fail
+        if kind == "poly":
+            if "end" not in kw:
+                assert decay is not None
+                self.error(
+                    "a `poly` decay needs `to`, the step at which the rate reaches `end`",
+                    decay.span,
+                    f"e.g. `decay poly {{ to {kw['start'] + 1000} power 2 }}`",
+                )
+                raise _Fail
+            if kw["end"] <= kw["start"]:
+                self.error(
+                    f"the decay ends at step {kw['end']}, not after its start at step "
+                    f"{kw['start']}",
+                    where["end"],
+                    "`to` is the step at which the rate reaches `end`: after `from`",
+                )
+                raise _Fail
+        if kind == "step" and "every" not in kw:
+            assert decay is not None
+            self.error(
+                "a `step` decay needs `every`, the steps between two cuts of the rate",
+                decay.span,
+                "e.g. `decay step { every 1000 factor 0.5 }`",
+            )
+            raise _Fail
+        return self.build(ir.Schedule, fld.span, span=ir.SpanModel.of(fld.span), **kw)
+
     def kind_with_params(
         self, fld: Field_, allowed: dict[str, tuple[str, ...]], what: str
     ) -> tuple[str, dict[str, Any], Span]:
@@ -320,6 +415,21 @@ class LowererBase:
         return kind, params, fld.span
 
     def param_value(self, pname: str, pnum: Tree, file: str) -> Any:
+        if pname in ("from", "to"):
+            return self.num(pnum, file, what=pname, minimum=0, maximum=MAX_STEPS)
+        if pname == "every":
+            return self.num(pnum, file, what=pname, maximum=MAX_STEPS)
+        if pname in ("power", "factor"):
+            v = self.num(pnum, file, integer=False, what=pname, minimum=None)
+            top = 1.0 if pname == "factor" else 1e3
+            if not 0 < v <= top:
+                self.error(
+                    f"{pname} must be above 0 and at most {top:g}, got {pnum.children[0]}",
+                    span_of(pnum, file),
+                    "the rate is multiplied by `factor` at each cut" if pname == "factor" else None,
+                )
+                raise _Fail
+            return v
         if pname in INTEGER_PARAMS:
             return self.num(pnum, file, what=pname)
         if pname in ("lr", "eps"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lark import Tree
+from lark import Token, Tree
 
 from embarkc import ir
 from embarkc.diagnostics import Span
@@ -12,10 +12,11 @@ from embarkc.lowering.base import (
     DENSE_OPTIMIZER_PARAMS,
     INTERACTION_PARAMS,
     Block,
+    Field_,
     LowererBase,
     _Fail,
 )
-from embarkc.syntax import parts
+from embarkc.syntax import parts, span_of
 
 
 class ModelLowering(LowererBase):
@@ -71,6 +72,8 @@ class ModelLowering(LowererBase):
                         "e.g. `top_mlp [256, 1]`",
                     )
                     ok = False
+                if key == "top_mlp" and not self.top_output(b.fields[key], sizes):
+                    ok = False
                 kw[key] = tuple(sizes)
         if "interaction" in b.fields:
             fld = b.fields["interaction"]
@@ -108,6 +111,37 @@ class ModelLowering(LowererBase):
                 )
                 ok = ok and opt is not None
                 kw["optimizer"] = opt
+        if "schedule" in b.fields:
+            schedule = self.attempt(self.schedule, b.fields["schedule"])
+            if schedule is None:
+                ok = False
+            elif ok:
+                base = kw.get("optimizer", ir.DenseOptimizer())
+                kw["optimizer"] = base.model_copy(update={"schedule": schedule})
+        if "precision" in b.fields:
+            tok = b.fields["precision"].values[0]
+            assert isinstance(tok, Token)
+            v = self.attempt(self.choice, tok, b.file, ("fp32", "bf16", "fp16"), "precision")
+            if v is None:
+                ok = False
+            else:
+                kw["precision"] = v
         if not ok:
             raise _Fail
         return self.build(ir.DenseModel, b.span, span=ir.SpanModel.of(b.span), **kw)
+
+    def top_output(self, fld: Field_, sizes: list[Any]) -> bool:
+        """Whether the top MLP ends in the model's one logit per sample (its last width
+        is 1; the trainer adds no layer); else says so."""
+        if sizes and sizes[-1] is not None and sizes[-1] != 1:
+            lst = fld.values[0]
+            assert isinstance(lst, Tree)
+            last = parts(lst)[-1]
+            self.error(
+                f"`top_mlp` ends in {sizes[-1]}; its last layer is the output, one logit "
+                "per sample, so it must be 1",
+                span_of(last, fld.file),
+                f"add the output layer: `top_mlp [{', '.join(str(x) for x in sizes)}, 1]`",
+            )
+            return False
+        return True

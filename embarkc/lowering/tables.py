@@ -92,6 +92,14 @@ class TableLowering(LowererBase):
                 ok = False
             else:
                 kw["optimizer"] = opt
+        fld = self.lookup("schedule", b, defaults)
+        if fld is not None:
+            schedule = self.cached(("schedule", id(fld.tree)), self.schedule, fld)
+            if schedule is None:
+                ok = False
+            else:
+                base = kw.get("optimizer", ir.Optimizer())
+                kw["optimizer"] = base.model_copy(update={"schedule": schedule})
         fld = self.lookup("init", b, defaults)
         if fld is not None:
             init = self.cached(("init", id(fld.tree)), self.init, fld)

@@ -197,6 +197,8 @@ def build_plan(
                     "beta1": o.beta1,
                     "beta2": o.beta2,
                     "weight_decay": o.weight_decay,
+                    # only when set: the plans of specs without schedules stay as they were
+                    **({"schedule": o.schedule.runtime().model_dump()} if o.schedule else {}),
                 },
                 "init": without_spans(t.init.model_dump()),
             }

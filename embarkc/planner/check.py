@@ -50,7 +50,14 @@ from decimal import Decimal
 from typing import Any
 
 from embark_runtime.optimizers import columns_may_be_cut, optimizer
-from embark_runtime.plan import Plan, PlanError, validate_rules
+from embark_runtime.plan import (
+    Plan,
+    PlanError,
+    dense_precision,
+    dense_schedule,
+    validate_rules,
+)
+from embark_runtime.schedules import Schedule
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span, print_warnings
 from embarkc.ir import Access, Program, without_spans
 
@@ -206,13 +213,23 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
                 ("init", p.init, t.init),
             ):
                 if group in p.model_fields_set:
-                    for name in sorted(given.model_fields_set):
+                    for name in sorted(given.model_fields_set - {"schedule"}):
                         differ(
                             f"table `{t.name}` {group}.{name}",
                             getattr(given, name),
                             getattr(spec, name),
                             t.name,
                         )
+            # a schedule is compared whether the plan gives one or not: a plan without
+            # one trains at a constant rate
+            spec_schedule = t.optimizer.schedule.runtime() if t.optimizer.schedule else None
+            if p.optimizer_params.schedule != spec_schedule:
+                bad(
+                    f"table `{t.name}` optimizer_params.schedule is "
+                    f"{_schedule_text(p.optimizer_params.schedule)}, the spec says "
+                    f"{_schedule_text(spec_schedule)}",
+                    t.name,
+                )
     what = _names_differ([f.name for f in program.features], [f.name for f in plan.features])
     if what:
         bad(f"the plan's features are not the spec's: {what}")
@@ -234,9 +251,22 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
         want = without_spans(program.model.model_dump(mode="json"))
         for where, got, spec in _model_differences(want, own["model"], "model"):
             bad(f"{where} is {_text(got)}, the spec says {_text(spec)}")
+        # fields written only when set: their absence on either side says fp32, constant
+        differ("model.precision", dense_precision(plan), program.model.precision)
+        sched = program.model.optimizer.schedule
+        want_schedule = sched.runtime() if sched else None
+        if dense_schedule(plan) != want_schedule:
+            bad(
+                f"model.optimizer.schedule is {_schedule_text(dense_schedule(plan))}, the spec "
+                f"says {_schedule_text(want_schedule)}"
+            )
     if own.get("seed") is not None:
         differ("seed", own["seed"], program.options.seed)
     return out
+
+
+def _schedule_text(schedule: Schedule | None) -> str:
+    return "none (a constant rate)" if schedule is None else schedule.describe()
 
 
 def _same_value(got: Any, want: Any) -> bool:
