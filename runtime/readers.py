@@ -388,10 +388,19 @@ class CriteoTSVReader(_Batches):
 
     def _block(self, first: int, lo: int, hi: int) -> bytes:
         """Lines [lo, hi) of the global batch starting at sample `first`, as one block."""
-        pos = self.index[first // self.batch_size]
+        k = first // self.batch_size
+        pos = self.index[k]
         i = pos.file
         try:
             f = self._handle_at(i, pos.offset)
+            if k + 1 < len(self.index) and self.index[k + 1].file == i:
+                # the batch's lines lie between two indexed offsets of one file: one read
+                whole = f.read(self.index[k + 1].offset - pos.offset)
+                ends = np.flatnonzero(np.frombuffer(whole, dtype=np.uint8) == 10)
+                if len(ends) == self.batch_size:
+                    a = 0 if lo == 0 else int(ends[lo - 1]) + 1
+                    return whole[a : int(ends[hi - 1]) + 1]
+                f = self._handle_at(i, pos.offset)  # the file changed: line by line
             out: list[bytes] = []
             k = 0
             while k < hi:
