@@ -1,4 +1,9 @@
-"""Dataset readers: Criteo TSV and HugeCTR raw binary files as `Batch`es (numpy only).
+"""Dataset readers: Criteo TSV, HugeCTR raw binary and Parquet files as `Batch`es.
+
+Criteo TSV lines are parsed by pyarrow when it is installed (embark_runtime.criteo_arrow,
+the same batches and errors as the Python parser here), Parquet files by
+embark_runtime.parquet; both import pyarrow only when a file is read. `open_dataset`
+picks the reader; `parse_column_map` reads the trainer's --column-map.
 
 Both readers see a dataset (one file, several files, or a directory of files, in sorted
 order) as one stream of samples cut into global batches of `plan.batch_size` samples; a
