@@ -179,7 +179,7 @@ def prefetch_rates(files: dict, step_ms: float) -> list[dict]:
     return rows
 
 
-def trainer_wait(folder: Path, batches: int, steps: int) -> list[dict]:
+def trainer_wait(folder: Path, batches: int, steps: int, rounds: int) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from embarkc.cli import main as embarkc
 
@@ -188,8 +188,8 @@ def trainer_wait(folder: Path, batches: int, steps: int) -> list[dict]:
                     "--solver", "greedy"]) == 0  # fmt: skip
     data = folder / "tiny.tsv"
     data.write_text("\n".join(criteo_lines(256 * batches, seed=1)) + "\n")
-    rows = []
-    for depth in (0, 2):
+    runs: dict[int, list[tuple[float, float]]] = {0: [], 2: []}
+    for depth in [d for _ in range(rounds) for d in (0, 2)]:  # alternating: the load drifts
         log = folder / f"log{depth}.jsonl"
         cmd = [sys.executable, str(out / "train.py"), "--reference", "--quiet", "--steps",
                str(steps), "--data", str(data), "--prefetch", str(depth), "--log-json", str(log),
@@ -197,14 +197,39 @@ def trainer_wait(folder: Path, batches: int, steps: int) -> list[dict]:
         subprocess.run(cmd, check=True, capture_output=True)
         recs = [r for r in map(json.loads, log.read_text().splitlines()) if "data_wait_s" in r]
         recs = recs[1:]
-        rows.append(
-            {
-                "prefetch": depth,
-                "wait_ms": 1e3 * float(np.mean([r["data_wait_s"] for r in recs])),
-                "step_ms": 1e3 * float(np.mean([1 / r["samples_per_s"] * 256 for r in recs])),
-            }
+        wait = 1e3 * float(np.mean([r["data_wait_s"] for r in recs]))
+        step = 1e3 * float(np.mean([256 / r["samples_per_s"] for r in recs]))
+        runs[depth].append((wait, step))
+    return [
+        {
+            "prefetch": depth,
+            "wait_ms": float(np.median([w for w, _ in got])),
+            "step_ms": float(np.median([s for _, s in got])),
+        }
+        for depth, got in runs.items()
+    ]
+
+
+def print_readers(files: dict, args: argparse.Namespace) -> None:
+    print(f"\n## readers, one core ({args.samples} samples, batch {args.batch})\n")
+    print("| reader | samples/s per core | samples/s wall | open (index) s |")
+    print("|---|---:|---:|---:|")
+    for r in read_rates(files, args.repeat):
+        print(
+            f"| {r['reader']} | {r['per_cpu_s']:,.0f} | {r['per_wall_s']:,.0f} "
+            f"| {r['open_s']:.2f} |"
         )
-    return rows
+
+
+def print_prefetch(files: dict, args: argparse.Namespace) -> None:
+    print(f"\n## with and without the prefetch thread (a {args.step_ms:g} ms step)\n")
+    print("| reader | samples/s, no prefetch | wait/step ms | samples/s, depth 2 | wait/step ms |")
+    print("|---|---:|---:|---:|---:|")
+    for r in prefetch_rates(files, args.step_ms):
+        print(
+            f"| {r['reader']} | {r['d0_per_s']:,.0f} | {r['d0_wait_ms']:.1f} "
+            f"| {r['d2_per_s']:,.0f} | {r['d2_wait_ms']:.1f} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=40.0, help="the consumer's step")
     ap.add_argument("--tiny-batches", type=int, default=40, help="global batches in tiny's file")
     ap.add_argument("--tiny-steps", type=int, default=30, help="steps of each tiny run")
+    ap.add_argument("--rounds", type=int, default=3, help="tiny runs per --prefetch (median)")
+    ap.add_argument(
+        "--parts", default="readers,prefetch,trainer", help="which tables (comma-separated)"
+    )
     args = ap.parse_args(argv)
     import pyarrow
 
@@ -222,32 +251,24 @@ def main(argv: list[str] | None = None) -> int:
         f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{os.cpu_count()} cores, python {platform.python_version()}, pyarrow {pyarrow.__version__}"
     )
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        files = make_files(folder, args.samples, args.batch)
-        print(f"\n## readers, one core ({args.samples} samples, batch {args.batch})\n")
-        print("| reader | samples/s per core | samples/s wall | open (index) s |")
-        print("|---|---:|---:|---:|")
-        for r in read_rates(files, args.repeat):
+        if parts & {"readers", "prefetch"}:
+            files = make_files(folder, args.samples, args.batch)
+        if "readers" in parts:
+            print_readers(files, args)
+        if "prefetch" in parts:
+            print_prefetch(files, args)
+        if "trainer" in parts:
             print(
-                f"| {r['reader']} | {r['per_cpu_s']:,.0f} | {r['per_wall_s']:,.0f} "
-                f"| {r['open_s']:.2f} |"
+                f"\n## tiny.embark, --reference, Criteo TSV, {args.tiny_steps} steps, median "
+                f"of {args.rounds} runs each\n"
             )
-        print(f"\n## with and without the prefetch thread (a {args.step_ms:g} ms step)\n")
-        print(
-            "| reader | samples/s, no prefetch | wait/step ms | samples/s, depth 2 | wait/step ms |"
-        )
-        print("|---|---:|---:|---:|---:|")
-        for r in prefetch_rates(files, args.step_ms):
-            print(
-                f"| {r['reader']} | {r['d0_per_s']:,.0f} | {r['d0_wait_ms']:.1f} "
-                f"| {r['d2_per_s']:,.0f} | {r['d2_wait_ms']:.1f} |"
-            )
-        print(f"\n## tiny.embark, --reference, Criteo TSV, {args.tiny_steps} steps\n")
-        print("| --prefetch | data wait per step ms | step ms |")
-        print("|---:|---:|---:|")
-        for r in trainer_wait(folder, args.tiny_batches, args.tiny_steps):
-            print(f"| {r['prefetch']} | {r['wait_ms']:.2f} | {r['step_ms']:.1f} |")
+            print("| --prefetch | data wait per step ms | step ms |")
+            print("|---:|---:|---:|")
+            for r in trainer_wait(folder, args.tiny_batches, args.tiny_steps, args.rounds):
+                print(f"| {r['prefetch']} | {r['wait_ms']:.2f} | {r['step_ms']:.1f} |")
     return 0
 
 
