@@ -4,7 +4,7 @@ The layout NVTabular and the MLPerf DLRM multi-hot preprocessing write: one row 
 sample, a `label` column, dense columns (`I1` ... `In` by default, as Criteo names them)
 and one column per categorical feature, named as the feature, holding an integer (one id)
 or a list of integers (multi-hot). `columns={feature: column}` maps features to other
-column names. A folder of files is one stream, as for the other readers
+column names (and `label` or `I3`, when no feature is so named, the label or a dense column). A folder of files is one stream, as for the other readers
 (embark_runtime.readers: batches, ranks, epochs and held-out batches work the same).
 
 Values:
@@ -108,20 +108,29 @@ class ParquetReader(_Batches):
         self.batch_size = plan.batch_size
         self.wrap_keys = wrap_keys
         columns = dict(columns or {})
-        unknown = sorted(set(columns) - {f.name for f in plan.features})
-        if unknown:
+        features = {f.name for f in plan.features}
+        dense = list(dense_columns or default_dense_columns(dense_features))
+        if len(dense) != dense_features:
             raise ReaderError(
-                f"{self.paths[0]}: error: the column map names feature `{unknown[0]}`, which "
-                f"the plan does not have (features: {', '.join(f.name for f in plan.features)})"
+                f"{self.paths[0]}: error: {len(dense)} dense columns given, the model "
+                f"expects {dense_features}"
             )
+        # the map also renames the label and the dense columns (by their default names),
+        # unless a feature is so named
+        for key in sorted(set(columns) - features):
+            if key != label and key not in dense:
+                raise ReaderError(
+                    f"{self.paths[0]}: error: the column map names `{key}`, which is no feature "
+                    f"of the plan (features: {', '.join(f.name for f in plan.features)}) nor "
+                    f"the label `{label}` or a dense column ({dense[0]} ... {dense[-1]})"
+                )
+            if key == label:
+                label = columns[key]
+            else:
+                dense[dense.index(key)] = columns[key]
         self.columns = {f.name: columns.get(f.name, f.name) for f in plan.features}
         self.label = label
-        self.dense_columns = list(dense_columns or default_dense_columns(dense_features))
-        if len(self.dense_columns) != dense_features:
-            raise ReaderError(
-                f"{self.paths[0]}: error: {len(self.dense_columns)} dense columns given, the "
-                f"model expects {dense_features}"
-            )
+        self.dense_columns = dense
         self._rows = [plan.table(f.table).rows for f in plan.features]
         self._files: list[Any] = []
         self._group_starts: list[list[int]] = []  # per file: first row of each row group

@@ -216,6 +216,21 @@ def test_the_column_map_reads_features_from_other_columns(tmp_path):
         open_dataset(path, PLAN_MULTI)
     reader = open_dataset(path, PLAN_MULTI, column_map=parse_column_map("f0=C7, f3=clicks"))
     same(reader.batch(1, 1, 2), SyntheticData(PLAN_MULTI, seed=1).batch(1, 1, 2))
+    # the label and dense columns too, by their default names
+    t = pq.read_table(path).rename_columns(
+        [
+            "click" if c == "label" else "count2" if c == "I2" else c
+            for c in pq.read_schema(path).names
+        ]
+    )
+    pq.write_table(t, path)
+    mapped = open_dataset(path, PLAN_MULTI, column_map={**names, "label": "click", "I2": "count2"})
+    assert (mapped.label, mapped.dense_columns[:3]) == ("click", ["I1", "count2", "I3"])
+    same(mapped.batch(1, 1, 2), SyntheticData(PLAN_MULTI, seed=1).batch(1, 1, 2))
+    with pytest.raises(ReaderError, match="no column `label` for the label"):
+        open_dataset(path, PLAN_MULTI, column_map=names)
+    with pytest.raises(ReaderError, match=r"names `I14`, which is no feature .* \(I1 ... I13\)"):
+        open_dataset(path, PLAN_MULTI, column_map={"I14": "x"})
     as_json = tmp_path / "map.json"
     as_json.write_text(json.dumps(names))
     assert parse_column_map(str(as_json)) == names

@@ -186,7 +186,10 @@ def test_bad_parquet_and_data_flags_exit_2_with_a_message(tiny, train, tmp_path,
         (["--column-map", "item=x"], "--column-map needs --data"),
         (["--prefetch", "-1"], "--prefetch must not be negative"),
         (["--data", str(good), "--column-map", "item"], "--column-map item: cannot read it"),
-        (["--data", str(good), "--column-map", "nope=item"], "names feature `nope`"),
+        (
+            ["--data", str(good), "--column-map", "nope=item"],
+            "the column map names `nope`, which is no feature",
+        ),
         (["--data", str(good), "--column-map", "item=it"], "no column `it` for feature `item`"),
         (["--data", str(good), "--data-format", "parquet", "--column-map", "item=item"], None),
     ):
