@@ -13,12 +13,14 @@ thread, and the generated trainer's wait for data on tiny.embark with a real fil
    with the prefetch thread off (depth 0) and on (depth 2): wall samples/s and the mean
    wait for a batch.
 3. Trainer. tiny.embark compiled to a temporary folder, a Criteo TSV file of --tiny-batches
-   global batches (256 samples), `train.py --reference --steps --tiny-steps` with
-   `--prefetch 0` and `--prefetch 2`: the mean `data_wait_s` and `step_s` of the
-   --log-json records (first step left out).
+   global batches (256 samples), `train.py --reference --steps --tiny-steps` (or under
+   torchrun on --ranks 4) with `--prefetch 0` and `--prefetch 2`, alternating, --rounds
+   times each: the median over runs of the mean `data_wait_s` and step time of the
+   --log-json records (rank 0's; the first step left out).
 
     python bench/data_path.py                     # prints the tables
     python bench/data_path.py --samples 65536 --tiny-steps 20
+    python bench/data_path.py --parts trainer --ranks 4 --rounds 2
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ def prefetch_rates(files: dict, step_ms: float) -> list[dict]:
     return rows
 
 
-def trainer_wait(folder: Path, batches: int, steps: int, rounds: int) -> list[dict]:
+def trainer_wait(folder: Path, batches: int, steps: int, rounds: int, ranks: int) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from embarkc.cli import main as embarkc
 
@@ -191,9 +193,14 @@ def trainer_wait(folder: Path, batches: int, steps: int, rounds: int) -> list[di
     runs: dict[int, list[tuple[float, float]]] = {0: [], 2: []}
     for depth in [d for _ in range(rounds) for d in (0, 2)]:  # alternating: the load drifts
         log = folder / f"log{depth}.jsonl"
-        cmd = [sys.executable, str(out / "train.py"), "--reference", "--quiet", "--steps",
+        cmd = [sys.executable, str(out / "train.py"), "--quiet", "--steps",
                str(steps), "--data", str(data), "--prefetch", str(depth), "--log-json", str(log),
                "--eval-batches", "1"]  # fmt: skip
+        if ranks == 1:
+            cmd.insert(2, "--reference")
+        else:
+            launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+            cmd[1:1] = [*launch, str(ranks)]
         subprocess.run(cmd, check=True, capture_output=True)
         recs = [r for r in map(json.loads, log.read_text().splitlines()) if "data_wait_s" in r]
         recs = recs[1:]
@@ -242,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny-steps", type=int, default=30, help="steps of each tiny run")
     ap.add_argument("--rounds", type=int, default=3, help="tiny runs per --prefetch (median)")
     ap.add_argument(
+        "--ranks", type=int, default=1, help="tiny on 1 (--reference) or 4 ranks (torchrun)"
+    )
+    ap.add_argument(
         "--parts", default="readers,prefetch,trainer", help="which tables (comma-separated)"
     )
     args = ap.parse_args(argv)
@@ -262,12 +272,14 @@ def main(argv: list[str] | None = None) -> int:
             print_prefetch(files, args)
         if "trainer" in parts:
             print(
-                f"\n## tiny.embark, --reference, Criteo TSV, {args.tiny_steps} steps, median "
-                f"of {args.rounds} runs each\n"
+                f"\n## tiny.embark, "
+                f"{'--reference' if args.ranks == 1 else f'{args.ranks} ranks (rank 0)'}, "
+                f"Criteo TSV, {args.tiny_steps} steps, median of {args.rounds} runs each\n"
             )
             print("| --prefetch | data wait per step ms | step ms |")
             print("|---:|---:|---:|")
-            for r in trainer_wait(folder, args.tiny_batches, args.tiny_steps, args.rounds):
+            got = trainer_wait(folder, args.tiny_batches, args.tiny_steps, args.rounds, args.ranks)
+            for r in got:
                 print(f"| {r['prefetch']} | {r['wait_ms']:.2f} | {r['step_ms']:.1f} |")
     return 0
 
