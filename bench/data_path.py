@@ -201,7 +201,13 @@ def trainer_wait(folder: Path, batches: int, steps: int, rounds: int, ranks: int
         else:
             launch = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
             cmd[1:1] = [*launch, str(ranks)]
-        subprocess.run(cmd, check=True, capture_output=True)
+        for attempt in (1, 2):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode == 0:
+                break
+            # say why, and try once more (a port torchrun picked may be taken meanwhile)
+            print(f"(run {attempt} failed: {r.stderr[-2000:]})", file=sys.stderr)
+        r.check_returncode()
         recs = [r for r in map(json.loads, log.read_text().splitlines()) if "data_wait_s" in r]
         recs = recs[1:]
         wait = 1e3 * float(np.mean([r["data_wait_s"] for r in recs]))
