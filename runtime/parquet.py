@@ -236,73 +236,90 @@ class ParquetReader(_Batches):
         )
 
     def _decode(self, i: int, g: int, table: Any) -> _Group:
-        import pyarrow.compute as pc
-
-        kinds = self._kinds[i]
-        label = _numpy(table.column(self.label), 0).astype(np.float64)
-        bad = np.flatnonzero((label != 0) & (label != 1))
-        if table.column(self.label).null_count:
-            bad = np.union1d(bad, _nulls(table.column(self.label)))
-        if len(bad):
-            k = int(bad[0])
-            raise self._fail(
-                i,
-                g,
-                k,
-                f"column `{self.label}` (the label) is {_value(table, self.label, k)}, not 0 or 1",
-            )
-        n = table.num_rows
-        dense = np.zeros((n, len(self.dense_columns)), dtype=np.float32)
-        for j, c in enumerate(self.dense_columns):
-            v = _numpy(table.column(c), 0)
-            if kinds[c] == "int":
-                dense[:, j] = np.log1p(np.maximum(v.astype(np.int64), 0).astype(np.float64))
-            else:
-                dense[:, j] = v.astype(np.float32)
+        """Row group `g` of file `i` (a pyarrow table) as numpy arrays, checked."""
+        label = self._labels(i, g, table)
+        dense = self._dense(i, table)
         ids: list[np.ndarray] = []
         offsets: list[np.ndarray | None] = []
         weights: list[np.ndarray | None] = []
         for f, rows in zip(self.plan.features, self._rows, strict=True):
             c = self.columns[f.name]
-            col = table.column(c)
-            if kinds[c] == "list":
-                arr = col.combine_chunks()
-                lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
-                flat = arr.flatten()
-                if flat.null_count:
-                    raise self._fail(
-                        i,
-                        g,
-                        _row_of_null_item(arr),
-                        f"column `{c}` (feature `{f.name}`) holds a null id in its list",
-                    )
-                keys = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-                off: np.ndarray | None = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-                row_of = np.repeat(np.arange(n), lengths)
-            else:
-                keys = _numpy(col, MISSING_KEY).astype(np.int64, copy=False)
-                off = None
-                row_of = np.arange(n)
-            if self.wrap_keys:
-                keys = keys % rows
-            else:
-                out = np.flatnonzero((keys < 0) | (keys >= rows))
-                if len(out):
-                    k = int(out[0])
-                    raise self._fail(
-                        i,
-                        g,
-                        int(row_of[k]),
-                        f"column `{c}` (feature `{f.name}`) has key {int(keys[k])} outside "
-                        f"table `{f.table}` of {rows} rows (keys are table rows; "
-                        "wrap_keys=True takes them mod rows)",
-                    )
+            keys, off = self._ids(i, g, table, f.name, f.table, c, rows)
             ids.append(keys)
             offsets.append(off)
             weights.append(self._weights(i, g, table, f.name, c, off))
         return _Group(
-            label=label.astype(np.float32), dense=dense, ids=ids, offsets=offsets, weights=weights
+            label=label,
+            dense=dense,
+            ids=ids,
+            offsets=offsets,
+            weights=weights,
         )
+
+    def _labels(self, i: int, g: int, table: Any) -> np.ndarray:
+        """The label column as float32 0/1; ReaderError at the first other value or null."""
+        col = table.column(self.label)
+        label = _numpy(col, 0).astype(np.float64)
+        bad = np.flatnonzero((label != 0) & (label != 1))
+        if col.null_count:
+            bad = np.union1d(bad, _nulls(col))
+        if len(bad):
+            k = int(bad[0])
+            value = _value(table, self.label, k)
+            raise self._fail(i, g, k, f"column `{self.label}` (the label) is {value}, not 0 or 1")
+        return label.astype(np.float32)
+
+    def _dense(self, i: int, table: Any) -> np.ndarray:
+        """[n, dense columns] float32: integer columns as log(1 + max(x, 0)), floats as
+        they are, nulls 0."""
+        dense = np.zeros((table.num_rows, len(self.dense_columns)), dtype=np.float32)
+        for j, c in enumerate(self.dense_columns):
+            v = _numpy(table.column(c), 0)
+            if self._kinds[i][c] == "int":
+                dense[:, j] = np.log1p(np.maximum(v.astype(np.int64), 0).astype(np.float64))
+            else:
+                dense[:, j] = v.astype(np.float32)
+        return dense
+
+    def _ids(
+        self, i: int, g: int, table: Any, feature: str, tname: str, c: str, rows: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(int64 keys, offsets per row or None for one id per row) of column `c`, in
+        [0, rows) (or taken mod rows with wrap_keys)."""
+        import pyarrow.compute as pc
+
+        n = table.num_rows
+        col = table.column(c)
+        off: np.ndarray | None = None
+        if self._kinds[i][c] == "list":
+            arr = col.combine_chunks()
+            lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
+            flat = arr.flatten()
+            if flat.null_count:
+                where = _row_of_null_item(arr)
+                raise self._fail(
+                    i, g, where, f"column `{c}` (feature `{feature}`) holds a null id in its list"
+                )
+            keys = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+            row_of = np.repeat(np.arange(n), lengths)
+        else:
+            keys = _numpy(col, MISSING_KEY).astype(np.int64, copy=False)
+            row_of = np.arange(n)
+        if self.wrap_keys:
+            return keys % rows, off
+        out = np.flatnonzero((keys < 0) | (keys >= rows))
+        if len(out):
+            k = int(out[0])
+            raise self._fail(
+                i,
+                g,
+                int(row_of[k]),
+                f"column `{c}` (feature `{feature}`) has key {int(keys[k])} outside table "
+                f"`{tname}` of {rows} rows (keys are table rows; wrap_keys=True takes them "
+                "mod rows)",
+            )
+        return keys, off
 
     def _weights(
         self, i: int, g: int, table: Any, feature: str, c: str, off: np.ndarray | None
