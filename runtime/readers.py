@@ -1,4 +1,9 @@
-"""Dataset readers: Criteo TSV and HugeCTR raw binary files as `Batch`es (numpy only).
+"""Dataset readers: Criteo TSV, HugeCTR raw binary and Parquet files as `Batch`es.
+
+Criteo TSV lines are parsed by pyarrow when it is installed (embark_runtime.criteo_arrow,
+the same batches and errors as the Python parser here), Parquet files by
+embark_runtime.parquet; both import pyarrow only when a file is read. `open_dataset`
+picks the reader; `parse_column_map` reads the trainer's --column-map.
 
 Both readers see a dataset (one file, several files, or a directory of files, in sorted
 order) as one stream of samples cut into global batches of `plan.batch_size` samples; a
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -55,6 +61,7 @@ __all__ = [
     "RawLayout",
     "ReaderError",
     "open_dataset",
+    "parse_column_map",
     "write_criteo_tsv",
     "write_hugectr_raw",
 ]
@@ -159,13 +166,22 @@ class _Batches:
     def _samples(self, first: int, lo: int, hi: int) -> Batch:
         raise NotImplementedError
 
+    def _guard(self) -> threading.Lock:
+        """The lock that serialises reads (a reader keeps one open file and a cache): a
+        prefetch thread and the main thread's evaluation may read the same reader."""
+        lock = self.__dict__.get("_lock")
+        if lock is None:
+            lock = self.__dict__.setdefault("_lock", threading.Lock())
+        return lock
+
     def batch(self, step: int, rank: int, world: int) -> Batch:
         """Rank `rank`'s slice of training step `step` (epochs wrap around)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         lo, hi = _rank_range(self.batch_size, rank, world)
         first = (step % self.train_batches) * self.batch_size
-        return self._samples(first, lo, hi)
+        with self._guard():
+            return self._samples(first, lo, hi)
 
     def eval_batch(self, index: int, rank: int, world: int) -> Batch:
         """Rank `rank`'s slice of held-out batch `index` (cycling over the held-out ones)."""
@@ -176,7 +192,8 @@ class _Batches:
             k = self.train_batches + index % self.eval_batches
         else:
             k = index % self.train_batches  # nothing held out: evaluate on training data
-        return self._samples(k * self.batch_size, lo, hi)
+        with self._guard():
+            return self._samples(k * self.batch_size, lo, hi)
 
     def batches(
         self, rank: int, world: int, start: int = 0, stop: int | None = None
@@ -224,8 +241,14 @@ class CriteoTSVReader(_Batches):
         columns: dict[str, int] | None = None,
         dense_features: int = CRITEO_INTEGER,
         holdout: int | None = None,
+        engine: Literal["auto", "arrow", "python"] = "auto",
     ):
         self.paths = _expand(paths)
+        if engine not in ("auto", "arrow", "python"):
+            raise ValueError(f"engine must be auto, arrow or python, not {engine!r}")
+        self.engine = "python" if engine == "auto" and not _has_pyarrow() else engine
+        if self.engine == "auto":
+            self.engine = "arrow"
         self.plan = plan
         self.batch_size = plan.batch_size
         if dense_features != CRITEO_INTEGER:
@@ -358,8 +381,50 @@ class CriteoTSVReader(_Batches):
         )
 
     def _samples(self, first: int, lo: int, hi: int) -> Batch:
+        if self.engine == "arrow":
+            from embark_runtime.criteo_arrow import parse_block
+
+            parsed = parse_block(self._block(first, lo, hi), hi - lo)
+            if parsed is not None:
+                return self._assemble(*parsed)
+            # not in canonical form: the Python parser's result, or its error and line
         lines, where = self._lines(first, lo, hi)
         return self.parse(lines, where)
+
+    def _block(self, first: int, lo: int, hi: int) -> bytes:
+        """Lines [lo, hi) of the global batch starting at sample `first`, as one block."""
+        k = first // self.batch_size
+        pos = self.index[k]
+        i = pos.file
+        try:
+            f = self._handle_at(i, pos.offset)
+            if k + 1 < len(self.index) and self.index[k + 1].file == i:
+                # the batch's lines lie between two indexed offsets of one file: one read
+                whole = f.read(self.index[k + 1].offset - pos.offset)
+                ends = np.flatnonzero(np.frombuffer(whole, dtype=np.uint8) == 10)
+                if len(ends) == self.batch_size:
+                    a = 0 if lo == 0 else int(ends[lo - 1]) + 1
+                    return whole[a : int(ends[hi - 1]) + 1]
+                f = self._handle_at(i, pos.offset)  # the file changed: line by line
+            out: list[bytes] = []
+            k = 0
+            while k < hi:
+                raw = f.readline()
+                if not raw:
+                    i += 1
+                    f = self._handle_at(i, 0)
+                    continue
+                if k >= lo:
+                    # a file's last line may lack its newline: the next file's first
+                    # line must not run into it
+                    out.append(raw if raw.endswith(b"\n") else raw + b"\n")
+                k += 1
+        except _STREAM_ERRORS as e:
+            if self._handle is not None:
+                self._handle[1].close()
+                self._handle = None
+            raise _unreadable(self.paths[i], e) from None
+        return b"".join(out)
 
     def parse(self, lines: list[bytes], where: list[_Pos]) -> Batch:
         """Parse Criteo lines into a Batch; ReaderError names the first bad line."""
@@ -388,7 +453,6 @@ class CriteoTSVReader(_Batches):
             raise self._fail(
                 where[k], f"integer feature {c + 1} is {_show(ints[k, c])}, not an integer"
             ) from None
-        dense = np.log1p(np.maximum(values, 0).astype(np.float64)).astype(np.float32)
 
         cats = table[:, 1 + CRITEO_INTEGER :]
         hexv, ok = _parse_hex(cats)
@@ -398,6 +462,15 @@ class CriteoTSVReader(_Batches):
                 where[k], f"categorical feature {c + 1} is {_show(cats[k, c])}, not a hex value"
             )
         missing = np.char.str_len(cats) == 0
+        return self._assemble((labels == b"1").astype(np.float32), values, hexv, missing)
+
+    def _assemble(
+        self, labels: np.ndarray, values: np.ndarray, hexv: np.ndarray, missing: np.ndarray
+    ) -> Batch:
+        """The Batch of parsed lines: labels float32 [n], integers int64 [n, 13], hex
+        values uint64 [n, 26] and which of them are missing (both parsers end here)."""
+        n = len(labels)
+        dense = np.log1p(np.maximum(values, 0).astype(np.float64)).astype(np.float32)
         sparse: dict[str, Bag] = {}
         offsets = np.arange(n + 1, dtype=np.int64)
         for f in self.plan.features:
@@ -410,7 +483,7 @@ class CriteoTSVReader(_Batches):
                 keys = (v % np.uint64(rows - 1)).astype(np.int64) + 1
             keys[missing[:, c]] = MISSING_KEY
             sparse[f.name] = Bag(ids=keys, offsets=offsets.copy(), weights=_weights(f, n))
-        return Batch(dense=dense, labels=(labels == b"1").astype(np.float32), sparse=sparse)
+        return Batch(dense=dense, labels=labels, sparse=sparse)
 
     @staticmethod
     def _first_bad_integer(ints: np.ndarray) -> tuple[int, int]:
@@ -426,6 +499,12 @@ class CriteoTSVReader(_Batches):
         if self._handle is not None:
             self._handle[1].close()
             self._handle = None
+
+
+def _has_pyarrow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def _show(field: Any) -> str:
@@ -687,36 +766,127 @@ def write_hugectr_raw(
 # --------------------------------------------------------------------------- entry point
 
 
+_PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+
+
 def _sniff(path: Path) -> str:
     if path.suffix in (".bin", ".raw"):
         return "hugectr"
+    if path.suffix in _PARQUET_SUFFIXES:
+        return "parquet"
     if _is_gzip(path) or path.suffix in (".tsv", ".txt", ".csv"):
         return "criteo"
     with open(path, "rb") as f:
         head = f.read(1 << 16)
+    if head.startswith(b"PAR1"):
+        return "parquet"
     # Criteo text is printable ASCII with tabs; raw records are mostly zero and control bytes
     printable = sum(1 for c in head if c in (9, 10, 13) or 32 <= c < 127)
     return "criteo" if head and printable == len(head) and b"\t" in head else "hugectr"
+
+
+def parse_column_map(text: str) -> dict[str, str]:
+    """`FEATURE=COLUMN,...` or the path of a JSON object {feature: column} -> a dict.
+
+    ReaderError says what is wrong with the text or the file (the trainer's --column-map).
+    """
+    import json
+
+    text = text.strip()
+    if "=" not in text:
+        path = Path(text)
+        try:
+            raw = json.loads(path.read_text())
+        except OSError as e:
+            raise ReaderError(
+                f"--column-map {text}: cannot read it ({e.strerror or e}); give "
+                'FEATURE=COLUMN,... or a JSON file holding {"feature": "column", ...}'
+            ) from None
+        except ValueError as e:
+            raise ReaderError(f"--column-map {text}: not JSON: {e}") from None
+        if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in raw.items()
+        ):
+            raise ReaderError(
+                f"--column-map {text}: expected a JSON object of feature names to column "
+                'names, e.g. {"user": "C1"}'
+            )
+        return dict(raw)
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        feature, eq, column = (x.strip() for x in item.partition("="))
+        if not eq or not feature or not column:
+            raise ReaderError(
+                f"--column-map {text}: `{item}` is not FEATURE=COLUMN (e.g. user=C1,item=C2)"
+            )
+        if feature in out:
+            raise ReaderError(f"--column-map {text}: feature `{feature}` is mapped twice")
+        out[feature] = column
+    return out
+
+
+def _criteo_columns(column_map: dict[str, str], plan: Plan, where: Path) -> dict[str, int]:
+    """A column map of Criteo column names (C1..C26) as the reader's column indices; the
+    features it does not name keep their positional column."""
+    names = {f.name for f in plan.features}
+    out = {f.name: i for i, f in enumerate(plan.features)}
+    for feature, column in column_map.items():
+        if feature not in names:
+            raise ReaderError(
+                f"{where}: error: the column map names feature `{feature}`, which the plan "
+                f"does not have (features: {', '.join(f.name for f in plan.features)})"
+            )
+        c = column.upper()
+        if not (c.startswith("C") and c[1:].isdigit() and 1 <= int(c[1:]) <= CRITEO_CATEGORICAL):
+            raise ReaderError(
+                f"{where}: error: feature `{feature}` is mapped to `{column}`; the columns of "
+                f"Criteo TSV data are C1 ... C{CRITEO_CATEGORICAL}"
+            )
+        out[feature] = int(c[1:]) - 1
+    return out
 
 
 def open_dataset(
     path: str | Path | Sequence[str | Path],
     plan: Plan,
     *,
-    fmt: Literal["auto", "criteo", "hugectr"] = "auto",
+    fmt: Literal["auto", "criteo", "hugectr", "parquet"] = "auto",
     dense_features: int = CRITEO_INTEGER,
+    column_map: dict[str, str] | None = None,
     **options: Any,
-) -> CriteoTSVReader | HugeCTRRawReader:
+) -> Any:
     """A reader for a dataset: `fmt="auto"` looks at the first file (suffix, then content).
 
-    `options` go to the reader (columns=, holdout=; layout=, wrap_keys= for HugeCTR raw).
+    `column_map` maps features to columns: Parquet column names, or Criteo's C1..C26
+    (HugeCTR raw has no named columns). `options` go to the reader (columns=, holdout=,
+    engine= for Criteo; layout=, wrap_keys= for HugeCTR raw; label=, dense_columns=,
+    wrap_keys= for Parquet).
     """
     paths = _expand(path)
+    given = [path] if isinstance(path, str | Path) else list(path)
+    if len(given) == 1 and Path(given[0]).is_dir() and fmt in ("auto", "parquet"):
+        # a Parquet folder (NVTabular's, Spark's) also holds _metadata, schema.pbtxt, ...
+        tables = [p for p in paths if p.suffix in _PARQUET_SUFFIXES]
+        if tables:
+            paths, fmt = tables, "parquet"
     kind = _sniff(paths[0]) if fmt == "auto" else fmt
     if kind == "criteo":
+        if column_map:
+            options["columns"] = _criteo_columns(column_map, plan, paths[0])
         return CriteoTSVReader(paths, plan, dense_features=dense_features, **options)
     if kind == "hugectr":
+        if column_map:
+            raise ReaderError(
+                f"{paths[0]}: error: HugeCTR raw data has no named columns (slot i is "
+                "feature i): drop the column map"
+            )
         return HugeCTRRawReader(paths, plan, dense_features=dense_features, **options)
+    if kind == "parquet":
+        from embark_runtime.parquet import ParquetReader
+
+        return ParquetReader(
+            paths, plan, dense_features=dense_features, columns=column_map, **options
+        )
     raise ReaderError(
-        f"{paths[0]}: error: unknown dataset format {fmt!r} (criteo, hugectr or auto)"
+        f"{paths[0]}: error: unknown dataset format {fmt!r} (criteo, hugectr, parquet or auto)"
     )

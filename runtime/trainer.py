@@ -93,6 +93,7 @@ from embark_runtime.plan import (
     load_plan,
     plan_digest,
 )
+from embark_runtime.prefetch import Prefetcher
 from embark_runtime.schedules import rate_at as schedule_rate
 
 EXIT_USER_ERROR = 2
@@ -177,10 +178,29 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic data")
     p.add_argument(
-        "--data", type=Path, help="Criteo TSV or HugeCTR raw file or folder (default: synthetic)"
+        "--data",
+        type=Path,
+        help="Criteo TSV, HugeCTR raw or Parquet file or folder (default: synthetic)",
     )
     p.add_argument(
-        "--data-format", choices=("auto", "criteo", "hugectr"), default="auto", help="of --data"
+        "--data-format",
+        choices=("auto", "criteo", "hugectr", "parquet"),
+        default="auto",
+        help="of --data",
+    )
+    p.add_argument(
+        "--column-map",
+        metavar="F=COL,...|JSON",
+        help="read feature F from column COL (Parquet column names; Criteo's C1..C26), or "
+        "from a JSON file {feature: column}",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=2,
+        metavar="N",
+        help="batches a reader thread reads ahead while the step runs (0: read on the "
+        "critical path; default 2)",
     )
     p.add_argument("--log-json", type=Path, help="write one JSON object per step to this file")
     p.add_argument("--log-every", type=int, default=10, help="print every N steps (no terminal)")
@@ -276,6 +296,7 @@ def _check_args(args: argparse.Namespace) -> None:
         "eval_batches",
         "checkpoint_every",
         "keep_checkpoints",
+        "prefetch",
     ):
         if getattr(args, name) < 0:
             raise TrainerError(f"--{name.replace('_', '-')} must not be negative")
@@ -310,6 +331,8 @@ def _check_args(args: argparse.Namespace) -> None:
             raise TrainerError(str(e)) from None
     if args.data is not None:
         _check_data(args.data)
+    elif args.column_map is not None:
+        raise TrainerError("--column-map needs --data")
     # outputs are checked before training, not when the first write fails hours later
     for flag, path, folder in (
         ("--export-embeddings", args.export_embeddings, False),
@@ -476,7 +499,11 @@ class _Data:
             from embark_runtime import readers
 
             self._reader = readers.open_dataset(
-                self.path, plan, fmt=args.data_format, dense_features=program.dense.dense_features
+                self.path,
+                plan,
+                fmt=args.data_format,
+                dense_features=program.dense.dense_features,
+                column_map=readers.parse_column_map(args.column_map) if args.column_map else None,
             )
             self.description = f"{self.path}"
             # nothing held out: evaluation cycles over the training batches
@@ -693,34 +720,8 @@ class _Reference:
             f", {'exact (fp64 sums)' if self.exact else 'fp32'}, device {self.device}"
             f"; data {self.data.description}{_rates_line(self.program, self.plan, a)}"
         )
-        for step in range(a.steps):
-            t0 = time.perf_counter()
-            self.embeddings.step = step
-            set_rate(self.optimizer, self.program.optimizer.lr, self.schedule, step)
-            batch = self.data.global_batch(step)
-            _, labels = _tensors(batch, self.device)
-            loss = local_loss(
-                self.precision.output(self._logits(batch)), labels, self.plan.batch_size
-            )
-            self.optimizer.zero_grad(set_to_none=True)
-            self.precision.backward(loss)
-            self.precision.step(self.optimizer)
-            dt = time.perf_counter() - t0
-            self.log.step(
-                {
-                    "step": step,
-                    "loss": loss.item(),
-                    "samples_per_s": self.plan.batch_size / dt,
-                    "bytes": {},
-                    "bytes_total": 0,
-                    **_rates_record(self.program, self.plan, step),
-                }
-            )
-            if self.log.error is not None:
-                raise self.log.error
-            done = step + 1
-            if (a.eval_every and done % a.eval_every == 0) or done == a.steps:
-                self._evaluate(done)
+        with Prefetcher(self.data.global_batch, 0, a.steps, a.prefetch) as feed:
+            self._loop(feed)
         if a.export_embeddings is not None:
             export_tables(
                 a.export_embeddings,
@@ -734,6 +735,38 @@ class _Reference:
         if self.log.error is not None:
             raise self.log.error
         return 0
+
+    def _loop(self, feed: Any) -> None:
+        a = self.args
+        for step in range(a.steps):
+            t0 = time.perf_counter()
+            self.embeddings.step = step
+            set_rate(self.optimizer, self.program.optimizer.lr, self.schedule, step)
+            batch, waited = feed.get(step)
+            _, labels = _tensors(batch, self.device)
+            loss = local_loss(
+                self.precision.output(self._logits(batch)), labels, self.plan.batch_size
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            self.precision.backward(loss)
+            self.precision.step(self.optimizer)
+            dt = time.perf_counter() - t0
+            self.log.step(
+                {
+                    "step": step,
+                    "loss": loss.item(),
+                    "samples_per_s": self.plan.batch_size / dt,
+                    "data_wait_s": waited,
+                    "bytes": {},
+                    "bytes_total": 0,
+                    **_rates_record(self.program, self.plan, step),
+                }
+            )
+            if self.log.error is not None:
+                raise self.log.error
+            done = step + 1
+            if (a.eval_every and done % a.eval_every == 0) or done == a.steps:
+                self._evaluate(done)
 
     def _evaluate(self, done: int) -> None:
         labels, scores = [], []
@@ -1121,6 +1154,24 @@ class _Sharded:
                 f"read the batch of step {start + 1}",
                 lambda: self.data.batch(start, self.rank, self.world),
             )
+        # the next steps' batches are read by a thread while the steps run
+        feed = Prefetcher(
+            lambda s: self.data.batch(s, self.rank, self.world), start + 1, a.steps, a.prefetch
+        )
+        try:
+            self._loop(start, batch, feed)
+        finally:
+            feed.close()
+        if a.export_embeddings is not None:
+            path = a.export_embeddings
+            self._together(f"export the embeddings to {path}", lambda: self._export(path))
+        # the last step's log line and what came after it: every rank ends the same way
+        self._together("finish", self._raise_pending)
+        return 0
+
+    def _loop(self, start: int, batch: Any, feed: Any) -> None:
+        """Steps [start, --steps): `batch` is step start's, `feed` reads the others."""
+        a = self.args
         for step in range(start, a.steps):
             _inject_fault(step, self.rank, a.checkpoint_dir)
             done = step + 1
@@ -1129,11 +1180,11 @@ class _Sharded:
                 self.profiler.before(step)
             t0 = time.perf_counter()
             self.clock.start_step()
-            nxt = None
+            nxt, waited = None, 0.0
             if done < a.steps:
                 try:
                     with self.clock.phase("data_wait"):
-                        nxt = self.data.batch(done, self.rank, self.world)
+                        nxt, waited = feed.get(done)
                 except _user_errors() as e:
                     self._pending = self._pending or e
             # no prefetch before an evaluation: its forward passes come first. A rank
@@ -1155,6 +1206,7 @@ class _Sharded:
                 "loss": loss,
                 "samples_per_s": self.plan.batch_size / dt,
                 "step_s": dt,
+                "data_wait_s": waited,
                 "bytes": moved,
                 "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
                 **_rates_record(self.program, self.plan, step),
@@ -1175,12 +1227,6 @@ class _Sharded:
             if eval_due:
                 self._evaluate(done)
             batch = nxt
-        if a.export_embeddings is not None:
-            path = a.export_embeddings
-            self._together(f"export the embeddings to {path}", lambda: self._export(path))
-        # the last step's log line and what came after it: every rank ends the same way
-        self._together("finish", self._raise_pending)
-        return 0
 
     def _raise_pending(self) -> None:
         error = self._pending or self.log.error
