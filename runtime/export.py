@@ -383,6 +383,11 @@ def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str) -> Source:
     cells: dict[str, list[SourceCell]] = {name: [] for name in tables}
     for c in m["cells"]:
         name, j, r = c["table"], int(c["row_shard"]), int(c["row_shards"])
+        if name not in tables or c["file"] not in headers:
+            raise ExportError(
+                f"{mpath}: a cell names the table `{name}`, which the manifest does not "
+                f"list, or the file `{c['file']}`, which is no listed tensor file"
+            )
         lo, hi = (int(x) for x in c["columns"])
         t = tables[name]
         if not (0 <= j < r and 0 <= lo < hi <= t.dim):
@@ -415,10 +420,10 @@ def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str) -> Source:
 def _check_tiling(mpath: Path, name: str, dim: int, cells: list[SourceCell]) -> None:
     """Every row shard of a table's cells covers its columns exactly once."""
     shards = {c.row_shards for c in cells}
+    if not shards:
+        raise ExportError(f"{mpath}: table `{name}` has no cells")
     if len(shards) != 1:
-        raise ExportError(
-            f"{mpath}: the cells of `{name}` disagree on its row shards, or there are none"
-        )
+        raise ExportError(f"{mpath}: the cells of `{name}` disagree on its row shards")
     r = shards.pop()
     for j in range(r):
         pos = 0

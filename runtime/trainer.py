@@ -297,6 +297,14 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"--export-embeddings {args.export_embeddings}: --reference writes one "
                 "whole-table file: give a name ending in .safetensors or .npz"
             )
+    exported = args.export_embeddings
+    if exported is not None and exported.suffix not in (".safetensors", ".npz"):
+        if exported.suffix and not exported.is_dir():
+            raise TrainerError(
+                f"--export-embeddings {exported}: the name must end in .safetensors or .npz "
+                "(one whole-table file), or be a folder name without a suffix (a sharded "
+                "export)"
+            )
     if args.init_embeddings is not None and not args.init_embeddings.exists():
         raise TrainerError(f"--init-embeddings {args.init_embeddings}: no such file or folder")
     if args.phase_barriers and not args.measure_phases:
@@ -311,7 +319,6 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.data is not None:
         _check_data(args.data)
     # outputs are checked before training, not when the first write fails hours later
-    exported = args.export_embeddings
     for flag, path, folder in (
         ("--export-embeddings", exported, exported is not None and _sharded_export(exported)),
         ("--log-json", args.log_json, False),
@@ -331,7 +338,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _sharded_export(path: Path) -> bool:
-    """--export-embeddings PATH: a sharded folder unless PATH names a whole-table file."""
+    """--export-embeddings PATH: a sharded export folder unless PATH names a whole-table
+    file (.safetensors, .npz); `_check_args` refuses other suffixes (a typo, not a folder)."""
     return path.suffix not in (".safetensors", ".npz")
 
 
