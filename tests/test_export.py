@@ -439,3 +439,76 @@ def test_safetensors_headers_past_the_end_are_refused(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
     with pytest.raises(ExportError, match="beyond the file's end"):
         export.open_source(tmp_path / "x.safetensors")
+
+
+# --------------------------------------------------------------------------- train.py options
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from conftest import load_module
+
+    out = tmp_path_factory.mktemp("tiny")
+    spec = Path(__file__).resolve().parent.parent / "specs" / "tiny.embark"
+    assert embarkc(["compile", str(spec), "-o", str(out), "-q"]) == 0
+    return load_module(out / "train.py", "embark_export_tiny").PROGRAM
+
+
+def _train(program, monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    from embark_runtime.trainer import main
+
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    capsys.readouterr()
+    code = main(program, list(args))
+    return code, capsys.readouterr().err
+
+
+def test_train_py_refuses_export_and_init_mistakes_before_training(
+    tiny, exported, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "notes.txt").write_text("mine")
+    wrong = tmp_path / "wrong.safetensors"
+    _write_st(wrong, {"country": np.zeros((100, 8), np.float32)})
+    cases = [
+        (["--export-embeddings", "tables.bin"], "the name must end in .safetensors or .npz"),
+        (["--export-embeddings", "keep"], "keep: a folder holding other files than an earlier"),
+        (["--reference", "--export-embeddings", "out"], "--reference writes one whole-table"),
+        (["--init-embeddings", "nothing.npz"], "--init-embeddings nothing.npz: no such file"),
+        (
+            ["--reference", "--init-embeddings", str(wrong)],
+            "no table `item`, `category`, `tag`, `history`, `brand` of the plan (5 of 6",
+        ),
+        (
+            ["--reference", "--init-embeddings", str(exported[0])],
+            "it has tables the plan lacks (`a`, `b`, `c`, `d`)",
+        ),
+    ]
+    for args, message in cases:
+        code, err = _train(tiny, monkeypatch, capsys, "--steps", "1", *args)
+        assert code == 2 and message in err, (args, err)
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep", "wrong.safetensors"]
+    assert [p.name for p in (tmp_path / "keep").iterdir()] == ["notes.txt"]
+
+
+def test_the_reference_starts_from_a_file_and_summarises(tiny, tmp_path, monkeypatch, capsys):
+    """--reference --steps 0 --init-embeddings F --export-embeddings G gives G == F."""
+    from embark_runtime.plan import load_plan
+
+    plan = load_plan(tiny.plan_path)
+    rng = np.random.default_rng(0)
+    arrays = {t.name: rng.standard_normal((t.rows, t.dim)).astype(np.float32) for t in plan.tables}
+    np.savez(tmp_path / "init.npz", **arrays)
+    log = tmp_path / "log.jsonl"
+    code, err = _train(
+        tiny, monkeypatch, capsys, "--reference", "--steps", "0", "--log-json", str(log),
+        "--init-embeddings", str(tmp_path / "init.npz"),
+        "--export-embeddings", str(tmp_path / "out.safetensors"),
+    )  # fmt: skip
+    assert code == 0, err
+    assert_equal_tables(load_tables(tmp_path / "out.safetensors"), arrays)
+    (record,) = [json.loads(x) for x in log.read_text().splitlines()]
+    assert record["summary"] is True and record["steps"] == 0 and record["loss"] is None
