@@ -512,3 +512,16 @@ def test_the_reference_starts_from_a_file_and_summarises(tiny, tmp_path, monkeyp
     assert_equal_tables(load_tables(tmp_path / "out.safetensors"), arrays)
     (record,) = [json.loads(x) for x in log.read_text().splitlines()]
     assert record["summary"] is True and record["steps"] == 0 and record["loss"] is None
+
+
+def test_the_export_command_does_not_import_torch(exported, tmp_path):
+    """Joining tables needs numpy only: the command starts fast."""
+    import subprocess
+
+    code = (
+        "import sys; from embarkc.cli import main; "
+        f"rc = main(['export', {str(exported[0])!r}, '-o', {str(tmp_path / 't.npz')!r}]); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.splitlines()[-1] == "0 False", r.stdout + r.stderr
