@@ -256,10 +256,12 @@ def _as_index(rows: np.ndarray) -> slice | np.ndarray:
     return rows
 
 
-def open_source(path: str | Path) -> Source:
+def open_source(path: str | Path, *, verify: bool = False) -> Source:
     """The tables at `path`: a .safetensors or .npz file of whole tables, a sharded
     export folder, a checkpoint folder (`step-N`) or a folder of checkpoints (its newest
-    whose files are all there). Raises ExportError naming the file and why."""
+    whose files are all there). The sizes of a folder's files are checked against its
+    manifest; with `verify` their sha256 too (every byte read once more). Raises
+    ExportError naming the file and why."""
     p = Path(path)
     if not p.exists():
         raise ExportError(f"{p}: no such file or folder")
@@ -273,7 +275,7 @@ def open_source(path: str | Path) -> Source:
             "sharded export folder or a checkpoint folder"
         )
     if (p / MANIFEST).is_file():
-        return _open_manifest(p)
+        return _open_manifest(p, verify)
     steps = sorted(
         ((int(m.group(1)), not d.name.startswith("."), d) for d in p.iterdir()
          if (m := _CKPT_STEP.match(d.name)) and d.is_dir()),
@@ -282,7 +284,7 @@ def open_source(path: str | Path) -> Source:
     why = []
     for _, _, d in steps:
         try:
-            return _open_manifest(d)
+            return _open_manifest(d, verify)
         except ExportError as e:
             why.append(str(e))
     if why:
@@ -338,7 +340,7 @@ def global_rows(
     return row_shard * -(-rows // row_shards) + local
 
 
-def _open_manifest(d: Path) -> Source:
+def _open_manifest(d: Path, verify: bool = False) -> Source:
     """A sharded export or a checkpoint: its manifest's cells, each file's tensors."""
     mpath = d / MANIFEST
     try:
@@ -353,12 +355,12 @@ def _open_manifest(d: Path) -> Source:
     if m.get("version") != 1:
         raise ExportError(f"{mpath}: format version {m.get('version')!r}, this runtime reads 1")
     try:
-        return _source_of_manifest(d, m, fmt)
+        return _source_of_manifest(d, m, fmt, verify)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise ExportError(f"{mpath}: damaged manifest ({type(e).__name__}: {e})") from None
 
 
-def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str) -> Source:
+def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str, verify: bool) -> Source:
     mpath = d / MANIFEST
     partition = m["row_partition"]
     if partition not in ("mod", "range"):
@@ -378,6 +380,8 @@ def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str) -> Source:
             raise ExportError(
                 f"{f}: {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated?)"
             )
+        if verify and _sha256_file(f) != entry["sha256"]:
+            raise ExportError(f"{f}: sha256 mismatch (the file is corrupt)")
         if fname.endswith(".safetensors"):
             headers[fname] = read_safetensors_header(f)
     cells: dict[str, list[SourceCell]] = {name: [] for name in tables}

@@ -71,7 +71,8 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
     )
     rate = r["samples_per_s"]
     lines = [
-        f"summary: {r['steps']} steps in {format_seconds(r['train_s'])} (wall "
+        f"summary: {r['steps']} step{'s' if r['steps'] != 1 else ''} in "
+        f"{format_seconds(r['train_s'])} (wall "
         f"{format_seconds(r['wall_s'])}), mean {rate:,.0f} samples/s; "
         f"final loss {loss}, {ev}",
     ]

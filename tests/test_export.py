@@ -333,6 +333,24 @@ def test_unreadable_sources_are_named(exported, tmp_path):
         check(path, message)
 
 
+def test_verify_finds_a_flipped_byte_the_sizes_miss(exported, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "e"
+    shutil.copytree(exported[0], folder)
+    with open(folder / "rank-00000.safetensors", "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    export.open_source(folder)  # the sizes hold
+    with pytest.raises(ExportError, match="rank-00000.safetensors: sha256 mismatch"):
+        export.open_source(folder, verify=True)
+    assert embarkc(["export", str(folder), "-o", str(tmp_path / "t.npz"), "--verify"]) == 2
+    assert "sha256 mismatch (the file is corrupt)" in capsys.readouterr().err
+    assert not (tmp_path / "t.npz").exists()
+
+
 def test_an_export_never_replaces_a_folder_of_other_files(exported, tmp_path):
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "notes.txt").write_text("mine")

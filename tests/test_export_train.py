@@ -8,7 +8,9 @@ shards, a column cut) starts from A's export and from A's checkpoint. Then:
 * B's tables at step 0 are A's exported tables;
 * B trained 3 steps from A's checkpoint equals B's reference started from A's joined file;
 * a file whose table has the wrong shape stops B before training with exit code 2;
-* rank 0 prints the summary and writes it as the last --log-json record.
+* rank 0 prints the summary and writes it as the last --log-json record;
+* a run that resumes takes its tables from the checkpoint and says --init-embeddings is
+  ignored.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def runs(tmp_path_factory):
         (b, "--steps 0 --init-embeddings {w}/ea --export-embeddings {w}/b0.safetensors"),
         (b, "--steps 3 --eval-batches 1 --init-embeddings {w}/ckA --export-embeddings {w}/eb"),
         (b, "--steps 1 --init-embeddings {w}/bad.npz --export-embeddings {w}/never"),
+        (b, "--steps 4 --eval-batches 0 --resume {w}/ckA --init-embeddings {w}/ea"),
     ]  # fmt: skip
     spec_jobs = [{"folder": str(f), "args": args.format(w=w).split()} for f, args in jobs]
     (work / "jobs.json").write_text(json.dumps(spec_jobs))
@@ -148,3 +151,10 @@ def test_rank_0_summarises_the_run(runs):
     assert r.stdout.count("summary: 3 steps in ") == 2  # A and B's 3-step run
     assert "summary: no step trained" in r.stdout
     assert "step time: measured " in r.stdout and "the plan predicts " in r.stdout
+
+
+def test_a_resumed_run_ignores_init_embeddings_and_says_so(runs):
+    work, _, _, r, codes = runs
+    assert codes[4] == 0
+    assert f"--init-embeddings {work / 'ea'} ignored: resumed from {work / 'ckA'}" in r.stderr
+    assert "summary: 1 step in " in r.stdout

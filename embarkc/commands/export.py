@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--format a JSON file",
     )
     p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every file of SRC against its manifest's sha256 first (reads it twice)",
+    )
+    p.add_argument(
         "--format",
         choices=PLAN_FORMATS,
         help="export the plan SRC to this framework's sharding format instead of tables",
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from embark_runtime.formatting import format_bytes
 
     try:
-        source = open_source(src)
+        source = open_source(src, verify=args.verify)
         if source.kind == "file":
             refuse_overwriting_inputs(out, [src], "the tables")
         elif out.resolve().parent == source.path.resolve():
