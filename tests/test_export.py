@@ -359,6 +359,28 @@ def test_an_export_never_replaces_a_folder_of_other_files(exported, tmp_path):
     export.check_export_folder(exported[0])  # an earlier export is replaced whole
 
 
+def test_an_export_replaces_an_earlier_one_whole_or_not_at_all(exported, tmp_path):
+    """A second export of the same folder replaces the first; one whose ranks did not all
+    write is refused at publishing and leaves the first export as it was."""
+    _, tables, emb = exported
+    folder = export_of(emb, PLAN_A, tmp_path / "e", step=2)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    export.prepare_export(folder)
+    export.save_export_part(folder, 5, PLAN_A, 0, 2, emb)  # rank 1 of 2 never writes
+    with pytest.raises(ExportError, match="rank-00001.json: rank 1 has not written its part"):
+        export.finalize_export(folder, 5, PLAN_A, 2)
+    export.discard_unfinished_export(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
+    emb2 = trained(PLAN_A, steps=3)
+    export_of(emb2, PLAN_A, folder, step=3)
+    source = export.open_source(folder)
+    assert source.step == 3
+    export.write_tables(source, tmp_path / "t.npz")
+    assert_equal_tables(load_tables(tmp_path / "t.npz"), whole(emb2, PLAN_A))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "t.npz"]
+
+
 def test_a_failed_write_leaves_the_older_file_whole(exported, tmp_path, monkeypatch):
     folder, _, _ = exported
     out = tmp_path / "t.safetensors"
