@@ -39,6 +39,7 @@ bounded by one chunk whatever the size of the tables. This part imports numpy on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -654,12 +655,24 @@ def check_export_folder(directory: Path, flag: str = "--export-embeddings") -> N
         )
 
 
+@contextlib.contextmanager
+def _writing(directory: Path, what: str = "write") -> Iterator[None]:
+    """Turn the file system's refusal (a full disk) into an ExportError naming the flag."""
+    try:
+        yield
+    except OSError as e:
+        raise ExportError(
+            f"--export-embeddings {directory}: cannot {what}: {e.strerror or e}"
+        ) from None
+
+
 def prepare_export(directory: Path) -> None:
     """Rank 0, before a barrier and every rank's `save_export_part`: an empty temporary
     folder beside `directory` (what a killed export left there is removed)."""
     tmp = _tmp_dir(directory)
-    _remove(tmp)
-    tmp.mkdir(parents=True)
+    with _writing(directory):
+        _remove(tmp)
+        tmp.mkdir(parents=True)
 
 
 def save_export_part(
@@ -668,6 +681,14 @@ def save_export_part(
     """Rank `rank`'s part of a sharded export: the weights of the cells it holds (dp
     tables on rank 0 only), streamed into `.DIR.tmp-export/rank-R.safetensors`, then
     its sidecar. Collective-free; `finalize_export` on rank 0 follows a barrier."""
+
+    with _writing(directory):
+        _save_part(directory, step, plan, rank, world, embeddings)
+
+
+def _save_part(
+    directory: Path, step: int, plan: Any, rank: int, world: int, embeddings: Any
+) -> None:
     from embark_runtime.checkpoint import _write_safetensors, plan_digest
 
     tmp = _tmp_dir(directory)
@@ -712,6 +733,11 @@ def _st_of(w: Any) -> str:
 def finalize_export(directory: Path, step: int, plan: Any, world: int) -> Path:
     """Rank 0, after every rank's `save_export_part` and a barrier: check the cells are
     exactly the plan's, write plan.json and the manifest, move the folder into place."""
+    with _writing(directory, "publish"):
+        return _finalize(directory, step, plan, world)
+
+
+def _finalize(directory: Path, step: int, plan: Any, world: int) -> Path:
     from embark_runtime.checkpoint import CheckpointError, _check_complete, plan_digest
     from embark_runtime.plan import dumps_plan
 

@@ -1362,58 +1362,33 @@ class _Sharded:
         if resumed is not None:
             self.log.warn(f"--init-embeddings {a.init_embeddings} ignored: resumed from {resumed}")
             return
-        from embark_runtime.export import ExportError, warm_start_sharded
+        from embark_runtime.export import warm_start_sharded
 
         for w in a.init_warnings:
             self.log.warn(w)
-
-        def load() -> None:
-            try:
-                warm_start_sharded(self.embeddings, a.init_source)
-            except ExportError as e:
-                raise TrainerError(str(e)) from None
-
-        self._together(f"initialise the tables from {a.init_embeddings}", load)
+        what = f"initialise the tables from {a.init_embeddings}"
+        self._together(what, lambda: warm_start_sharded(self.embeddings, a.init_source))
         self.log.say(f"tables initialised from {a.init_embeddings} ({a.init_source.kind})")
 
     def _export_sharded(self, path: Path, step: int) -> None:
         """Each rank streams its own cells into the export folder; rank 0 publishes it."""
         from embark_runtime import export
 
-        def save() -> None:
-            try:
-                export.save_export_part(
-                    path, step, self.plan, self.rank, self.world, self.embeddings
-                )
-            except OSError as e:
-                raise TrainerError(
-                    f"--export-embeddings {path}: cannot write: {e.strerror or e}"
-                ) from None
-
-        def publish() -> None:
-            if self.rank != 0:
-                return
-            try:
-                export.finalize_export(path, step, self.plan, self.world)
-            except (OSError, export.ExportError) as e:
-                why = e.strerror if isinstance(e, OSError) and e.strerror else e
-                raise TrainerError(f"--export-embeddings {path}: cannot publish: {why}") from None
-
-        def prepare() -> None:
-            if self.rank == 0:
-                try:
-                    export.prepare_export(path)
-                except OSError as e:
-                    raise TrainerError(
-                        f"--export-embeddings {path}: cannot write: {e.strerror or e}"
-                    ) from None
-
+        first = self.rank == 0
         try:
-            self._together(f"prepare the export in {path}", prepare)
-            self._together(f"write the export to {path}", save)
-            self._together(f"publish the export in {path}", publish)
+            self._together(f"prepare {path}", lambda: first and export.prepare_export(path))
+            self._together(
+                f"write the export to {path}",
+                lambda: export.save_export_part(
+                    path, step, self.plan, self.rank, self.world, self.embeddings
+                ),
+            )
+            self._together(
+                f"publish the export in {path}",
+                lambda: first and export.finalize_export(path, step, self.plan, self.world),
+            )
         except _Stopped:
-            if self.rank == 0:
+            if first:
                 export.discard_unfinished_export(path)
             raise
         self.log.say(f"exported {len(self.plan.tables)} tables, sharded, to {path}")

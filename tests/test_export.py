@@ -381,6 +381,25 @@ def test_an_export_replaces_an_earlier_one_whole_or_not_at_all(exported, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "t.npz"]
 
 
+def test_a_full_disk_under_the_export_is_named(exported, tmp_path, monkeypatch):
+    from embark_runtime import checkpoint
+
+    _, _, emb = exported
+
+    def full(t):
+        raise OSError(28, "No space left on device")
+        yield  # a generator, as the real one
+
+    monkeypatch.setattr(checkpoint, "_tensor_bytes_chunks", full)
+    folder = tmp_path / "e"
+    export.prepare_export(folder)
+    with pytest.raises(ExportError) as e:
+        export.save_export_part(folder, 2, PLAN_A, 0, 1, emb)
+    assert str(e.value) == f"--export-embeddings {folder}: cannot write: No space left on device"
+    export.discard_unfinished_export(folder)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_write_leaves_the_older_file_whole(exported, tmp_path, monkeypatch):
     folder, _, _ = exported
     out = tmp_path / "t.safetensors"
