@@ -36,6 +36,7 @@ COMMANDS = (
     "report",
     "measured",
     "calibrate",
+    "export",
 )
 
 

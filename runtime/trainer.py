@@ -223,7 +223,21 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
         metavar="PATH",
         help="continue from a checkpoint: PATH, or the latest in --checkpoint-dir if any",
     )
-    p.add_argument("--export-embeddings", type=Path, help="write every table (.safetensors/.npz)")
+    p.add_argument(
+        "--export-embeddings",
+        type=Path,
+        metavar="PATH",
+        help="at the end, write every table: a FOLDER gets a sharded export (each rank "
+        "writes its own cells, no gather); x.safetensors or x.npz one whole-table file "
+        "(gathered on rank 0); `embarkc export FOLDER -o x.safetensors` joins a folder's",
+    )
+    p.add_argument(
+        "--init-embeddings",
+        type=Path,
+        metavar="PATH",
+        help="start the tables from PATH (a .safetensors/.npz of whole tables by name, a "
+        "sharded export or a checkpoint folder), under any plan; ignored on --resume",
+    )
     p.add_argument(
         "--reference", action="store_true", help="train unsharded in one process (no torchrun)"
     )
@@ -312,14 +326,22 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TrainerError("--resume without a PATH needs --checkpoint-dir")
     if args.reference and (args.checkpoint_dir is not None or args.resume is not None):
         raise TrainerError("--reference does not write or read checkpoints")
-    if args.export_embeddings is not None and args.export_embeddings.suffix not in (
-        ".npz",
-        ".safetensors",
-    ):
-        raise TrainerError(
-            f"--export-embeddings {args.export_embeddings}: the name must end in "
-            ".safetensors or .npz"
-        )
+    if args.reference and args.export_embeddings is not None:
+        if _sharded_export(args.export_embeddings):
+            raise TrainerError(
+                f"--export-embeddings {args.export_embeddings}: --reference writes one "
+                "whole-table file: give a name ending in .safetensors or .npz"
+            )
+    exported = args.export_embeddings
+    if exported is not None and exported.suffix not in (".safetensors", ".npz"):
+        if exported.suffix and not exported.is_dir():
+            raise TrainerError(
+                f"--export-embeddings {exported}: the name must end in .safetensors or .npz "
+                "(one whole-table file), or be a folder name without a suffix (a sharded "
+                "export)"
+            )
+    if args.init_embeddings is not None and not args.init_embeddings.exists():
+        raise TrainerError(f"--init-embeddings {args.init_embeddings}: no such file or folder")
     if args.phase_barriers and not args.measure_phases:
         raise TrainerError("--phase-barriers needs --measure-phases")
     if args.profile_steps is not None:
@@ -335,7 +357,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TrainerError("--column-map needs --data")
     # outputs are checked before training, not when the first write fails hours later
     for flag, path, folder in (
-        ("--export-embeddings", args.export_embeddings, False),
+        ("--export-embeddings", exported, exported is not None and _sharded_export(exported)),
         ("--log-json", args.log_json, False),
         ("--checkpoint-dir", args.checkpoint_dir, True),
         ("--tensorboard", args.tensorboard, True),
@@ -343,6 +365,37 @@ def _check_args(args: argparse.Namespace) -> None:
     ):
         if path is not None:
             _check_output(flag, path, folder)
+    if exported is not None and _sharded_export(exported):
+        from embark_runtime.export import ExportError, check_export_folder
+
+        try:
+            check_export_folder(exported)
+        except ExportError as e:
+            raise TrainerError(str(e)) from None
+
+
+def _sharded_export(path: Path) -> bool:
+    """--export-embeddings PATH: a sharded export folder unless PATH names a whole-table
+    file (.safetensors, .npz); `_check_args` refuses other suffixes (a typo, not a folder)."""
+    return path.suffix not in (".safetensors", ".npz")
+
+
+def _open_init(args: argparse.Namespace, plan: Plan) -> None:
+    """Open --init-embeddings and check it against the plan (names, shapes, dtypes)
+    before anything trains: `args.init_source` and `args.init_warnings`."""
+    args.init_source, args.init_warnings = None, []
+    if args.init_embeddings is None:
+        return
+    from embark_runtime.export import ExportError, check_against_plan, open_source
+
+    try:
+        args.init_source = open_source(args.init_embeddings)
+        args.init_warnings = check_against_plan(args.init_source, plan)
+    except ExportError as e:
+        msg = str(e)
+        raise TrainerError(
+            msg if msg.startswith("--init-embeddings") else f"--init-embeddings {msg}"
+        ) from None
 
 
 def _check_data(path: Path) -> None:
@@ -408,6 +461,7 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
             raise TrainerError(str(e)) from None
         program.check_plan(plan)
         args.precision = _precision(args, plan)
+        _open_init(args, plan)
     except _user_errors() as e:
         # the options and plan.json are the same for every rank of a node: one says it
         if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -474,9 +528,10 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from embark_runtime.checkpoint import CheckpointError
     from embark_runtime.comm import CommError
     from embark_runtime.embedding import PlanNotRunnable
+    from embark_runtime.export import ExportError
     from embark_runtime.readers import ReaderError
 
-    return (TrainerError, CheckpointError, CommError, PlanNotRunnable, ReaderError)
+    return (TrainerError, CheckpointError, CommError, PlanNotRunnable, ReaderError, ExportError)
 
 
 # --------------------------------------------------------------------------- data
@@ -705,6 +760,8 @@ class _Reference:
         self.optimizer = make_optimizer(self.model.parameters(), program.optimizer)
         self.log = _Log(True, args.steps, args.log_every, args.log_json, args.quiet)
         self.eval_batches = self.data.eval_count(args.eval_batches, self.log)
+        self.step_seconds: list[float] = []
+        self.last_eval: dict[str, float] | None = None
 
     def _logits(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
@@ -720,8 +777,16 @@ class _Reference:
             f", {'exact (fp64 sums)' if self.exact else 'fp32'}, device {self.device}"
             f"; data {self.data.description}{_rates_line(self.program, self.plan, a)}"
         )
+        started = time.perf_counter()
+        if a.init_source is not None:
+            from embark_runtime.export import warm_start_tables
+
+            for w in a.init_warnings:
+                self.log.warn(w)
+            warm_start_tables(self.embeddings.weights, a.init_source)
+            self.log.say(f"tables initialised from {a.init_embeddings}")
         with Prefetcher(self.data.global_batch, 0, a.steps, a.prefetch) as feed:
-            self._loop(feed)
+            loss_value = self._loop(feed)
         if a.export_embeddings is not None:
             export_tables(
                 a.export_embeddings,
@@ -731,13 +796,16 @@ class _Reference:
                 },
             )
             self.log.say(f"exported {len(self.plan.tables)} tables to {a.export_embeddings}")
+        _summarize(self.log, self, time.perf_counter() - started, loss_value, 0)
         self.log.close()
         if self.log.error is not None:
             raise self.log.error
         return 0
 
-    def _loop(self, feed: Any) -> None:
+    def _loop(self, feed: Any) -> float | None:
+        """Steps [0, --steps) from `feed`; returns the last step's loss (None: no step)."""
         a = self.args
+        loss_value: float | None = None
         for step in range(a.steps):
             t0 = time.perf_counter()
             self.embeddings.step = step
@@ -751,10 +819,12 @@ class _Reference:
             self.precision.backward(loss)
             self.precision.step(self.optimizer)
             dt = time.perf_counter() - t0
+            self.step_seconds.append(dt)
+            loss_value = loss.item()
             self.log.step(
                 {
                     "step": step,
-                    "loss": loss.item(),
+                    "loss": loss_value,
                     "samples_per_s": self.plan.batch_size / dt,
                     "data_wait_s": waited,
                     "bytes": {},
@@ -767,6 +837,7 @@ class _Reference:
             done = step + 1
             if (a.eval_every and done % a.eval_every == 0) or done == a.steps:
                 self._evaluate(done)
+        return loss_value
 
     def _evaluate(self, done: int) -> None:
         labels, scores = [], []
@@ -779,7 +850,22 @@ class _Reference:
                     scores.append(torch.sigmoid(self._logits(b)).cpu().numpy())
                     labels.append(np.asarray(b.labels))
         if labels:
-            _report_eval(self.log, done, np.concatenate(labels), np.concatenate(scores))
+            self.last_eval = _report_eval(
+                self.log, done, np.concatenate(labels), np.concatenate(scores)
+            )
+
+
+def _summarize(log: _Log, run: Any, wall: float, loss: float | None, first_step: int) -> None:
+    """Print the end-of-run summary (rank 0) and write it as the last --log-json record."""
+    from embark_runtime.summary import run_summary, summary_lines
+
+    record = run_summary(
+        run.step_seconds, wall, run.plan.batch_size, loss, run.last_eval, run.plan,
+        first_step,
+    )  # fmt: skip
+    log.write(record)
+    for line in summary_lines(record):  # the run's result: also under --quiet
+        log.say(line)
 
 
 def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -> dict[str, float]:
@@ -1036,6 +1122,8 @@ class _Sharded:
         self.clusters = [c.name for c in plan.clusters] + ["dense"]
         self._passed_over: set[Path] = set()
         """Damaged checkpoints the resume passed over (and warned of)."""
+        self.step_seconds: list[float] = []
+        self.last_eval: dict[str, float] | None = None
         self._pending: Exception | None = None
         """This rank's error during a step (reading the next batch), which every rank
         learns of in the step's all-reduce (`_step`) before they stop together."""
@@ -1138,6 +1226,7 @@ class _Sharded:
 
     def run(self) -> int:
         a = self.args
+        started = time.perf_counter()
         start, source = self._together("resume", self._resume)
         self.log.say(
             f"{self.program.name}: {self.world} rank{'s' if self.world != 1 else ''}, "
@@ -1148,6 +1237,8 @@ class _Sharded:
         )
         if a.checkpoint_dir is not None and self.rank == 0:
             self._warn_newer_checkpoints(start)
+        if a.init_source is not None:
+            self._warm_start(source)
         batch = None
         if start < a.steps:
             batch = self._together(
@@ -1159,19 +1250,26 @@ class _Sharded:
             lambda s: self.data.batch(s, self.rank, self.world), start + 1, a.steps, a.prefetch
         )
         try:
-            self._loop(start, batch, feed)
+            loss_value = self._loop(start, batch, feed)
         finally:
             feed.close()
         if a.export_embeddings is not None:
             path = a.export_embeddings
-            self._together(f"export the embeddings to {path}", lambda: self._export(path))
+            if _sharded_export(path):
+                self._export_sharded(path, a.steps if start < a.steps else start)
+            else:
+                self._together(f"export the embeddings to {path}", lambda: self._export(path))
+        if self.rank == 0:
+            _summarize(self.log, self, time.perf_counter() - started, loss_value, start)
         # the last step's log line and what came after it: every rank ends the same way
         self._together("finish", self._raise_pending)
         return 0
 
-    def _loop(self, start: int, batch: Any, feed: Any) -> None:
-        """Steps [start, --steps): `batch` is step start's, `feed` reads the others."""
+    def _loop(self, start: int, batch: Any, feed: Any) -> float | None:
+        """Steps [start, --steps): `batch` is step start's, `feed` reads the others;
+        returns the last step's global loss (None when no step ran)."""
         a = self.args
+        loss_value: float | None = None
         for step in range(start, a.steps):
             _inject_fault(step, self.rank, a.checkpoint_dir)
             done = step + 1
@@ -1199,6 +1297,8 @@ class _Sharded:
             loss, moved, failing = self._step(batch, prefetch, failed)
             spent = self.clock.end_step()
             dt = time.perf_counter() - t0
+            self.step_seconds.append(dt)
+            loss_value = loss
             if self.profiler is not None:
                 self.profiler.after(step, last=done == a.steps)
             record = {
@@ -1227,6 +1327,7 @@ class _Sharded:
             if eval_due:
                 self._evaluate(done)
             batch = nxt
+        return loss_value
 
     def _raise_pending(self) -> None:
         error = self._pending or self.log.error
@@ -1283,6 +1384,7 @@ class _Sharded:
         if self.rank == 0:
             both = torch.cat(gathered, dim=1).cpu().numpy()
             values = _report_eval(self.log, done, both[0], both[1])
+            self.last_eval = values
             if self.scalars is not None and values:
                 self.scalars.eval(done - 1, values)
 
@@ -1406,6 +1508,44 @@ class _Sharded:
         for bad, why in damaged:
             self.log.warn(f"passing over the damaged checkpoint {bad}: {why}")
             self._passed_over.add(bad)
+
+    def _warm_start(self, resumed: Path | None) -> None:
+        """--init-embeddings: every rank fills the cells it holds from the source (checked
+        against the plan before the start); a resume's checkpoint wins over it."""
+        a = self.args
+        if resumed is not None:
+            self.log.warn(f"--init-embeddings {a.init_embeddings} ignored: resumed from {resumed}")
+            return
+        from embark_runtime.export import warm_start_sharded
+
+        for w in a.init_warnings:
+            self.log.warn(w)
+        what = f"initialise the tables from {a.init_embeddings}"
+        self._together(what, lambda: warm_start_sharded(self.embeddings, a.init_source))
+        self.log.say(f"tables initialised from {a.init_embeddings} ({a.init_source.kind})")
+
+    def _export_sharded(self, path: Path, step: int) -> None:
+        """Each rank streams its own cells into the export folder; rank 0 publishes it."""
+        from embark_runtime import export
+
+        first = self.rank == 0
+        try:
+            self._together(f"prepare {path}", lambda: first and export.prepare_export(path))
+            self._together(
+                f"write the export to {path}",
+                lambda: export.save_export_part(
+                    path, step, self.plan, self.rank, self.world, self.embeddings
+                ),
+            )
+            self._together(
+                f"publish the export in {path}",
+                lambda: first and export.finalize_export(path, step, self.plan, self.world),
+            )
+        except _Stopped:
+            if first:
+                export.discard_unfinished_export(path)
+            raise
+        self.log.say(f"exported {len(self.plan.tables)} tables, sharded, to {path}")
 
     def _export(self, path: Path) -> None:
         tables = {}

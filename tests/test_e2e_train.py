@@ -69,7 +69,11 @@ def compile_spec(spec: Path, out: Path, *args: str) -> Path:
 
 
 def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The step and evaluation records of a --log-json file (not the run's last record,
+    its summary: tests/test_export_train.py checks that)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records[-1].get("summary") is True
+    return [r for r in records if not r.get("summary")]
 
 
 def assert_same_tables(a: Path, b: Path, atol: float) -> None:
