@@ -107,9 +107,15 @@ def _with_constraints(program: Program, cons: dict[str, TableConstraint]) -> Pro
     return new
 
 
-def torchrec_pins(program: Program, plan: Any) -> dict[str, dict[str, Any]]:
+def torchrec_pins(
+    plan: Any, pinned: dict[str, dict[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """For each table of `plan` TorchRec cannot run, the constraint fields that move it to
-    the nearest layout TorchRec runs."""
+    the nearest layout TorchRec runs: first its row shards over all ranks or one node's
+    GPUs (column cuts dropped where rows and columns are both cut across nodes); a table
+    already so `pinned` that still fails (the planner put two of its row shards on one
+    GPU, which no constraint forbids) keeps its rows whole (`row_shards 1`)."""
+    pinned = pinned or {}
     topo = plan.topology
     world, local = topo.nodes * topo.gpus_per_node, topo.gpus_per_node
     kinds = {t: c.kind for c in plan.clusters for t in c.tables}
@@ -122,14 +128,15 @@ def torchrec_pins(program: Program, plan: Any) -> dict[str, dict[str, Any]]:
             try:
                 _torchrec_sharded(t, world, local, plan.row_partition, [])
             except _Inexpressible:
-                R = t.row_shards
-                if R > 1 and len(t.cuts) > 1 and not (R == local and world > local):
+                R, cuts = t.row_shards, len(t.cuts)
+                if "min_row_shards" in pinned.get(name, {}):
+                    pin.update(min_row_shards=1, max_row_shards=1, within_node=False)
+                elif R > 1 and cuts > 1:
                     pin.update(min_column_shards=1, max_column_shards=1)
                 elif world > local and R <= local:
                     pin.update(min_row_shards=local, max_row_shards=local, within_node=True)
                 else:
                     pin.update(min_row_shards=world, max_row_shards=world, within_node=False)
-                    pin.update(min_column_shards=1, max_column_shards=1)
         if pin:
             pins[name] = pin
     return pins
@@ -150,6 +157,15 @@ def _apply_pins(program: Program, pins: dict[str, dict[str, Any]]) -> Program:
             )
         if hi is not None and hi < lo:
             raise _pinned(program, c, "these row shards", "TorchRec cannot run them")
+        if merged.max_column_shards is not None and (
+            merged.max_column_shards < c.min_column_shards
+        ):
+            raise _pinned(
+                program,
+                c,
+                f"at least {c.min_column_shards} column shards",
+                "TorchRec cannot cut both its rows and its columns across nodes",
+            )
         cons[name] = merged
     return _with_constraints(program, cons)
 
@@ -165,12 +181,12 @@ def plan_for_target(program: Program, target: str, **kwargs: Any) -> tuple[Any, 
     while rounds < MAX_ROUNDS:
         rounds += 1
         plan = plan_program(restricted, **kwargs)
-        pins = torchrec_pins(restricted, plan) if target == "torchrec" else {}
+        pins = torchrec_pins(plan, pinned) if target == "torchrec" else {}
         if not pins:
             break
+        restricted = _apply_pins(restricted, pins)
         for name, pin in pins.items():
             pinned.setdefault(name, {}).update(pin)
-        restricted = _apply_pins(restricted, pins)
     if pins:
         raise EmbarkError.at(
             program.sources[0].path,
