@@ -27,9 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def plan_schema() -> dict:
     """The plan file's JSON schema (draft 2020-12)."""
-    from embark_runtime.plan import Plan
+    from embark_runtime.plan import Plan, _OwnFields
 
     schema = Plan.model_json_schema()
+    # embarkc's own top-level fields (docs/plan.md, "Fields of our own"), checked on load
+    own = _OwnFields.model_json_schema()
+    schema.setdefault("$defs", {}).update(own.get("$defs", {}))
+    for name, prop in own["properties"].items():
+        schema["properties"].setdefault(name, prop)
+    # the loader fills `format` and `version` in when absent, the contract asks for them
+    schema["required"] = sorted(set(schema.get("required", [])) | {"format", "version"})
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
