@@ -262,3 +262,18 @@ def test_target_torchrec_refuses_a_ub_pin_at_the_constraint(tmp_path):
     assert r.returncode == 2
     assert "s.embark:" in r.stderr and "table `a` is constrained to ub" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_target_that_cannot_fit_says_which_partition_would(tmp_path, root):
+    # tiny under `range` does not fit without row shards, which HugeCTR cuts only by `mod`
+    text = (
+        (root / "specs" / "tiny.embark")
+        .read_text()
+        .replace("  seed 0", "  seed 0\n  row_partition range")
+    )
+    (tmp_path / "s.embark").write_text(text)
+    r = _embarkc("plan", "s.embark", "--solver", "greedy", "--target", "hugectr", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "--target hugectr: no plan within what hugectr runs fits" in r.stderr
+    assert "row-shards tables only under `row_partition mod`" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -180,7 +180,10 @@ def plan_for_target(program: Program, target: str, **kwargs: Any) -> tuple[Any, 
     rounds = 0
     while rounds < MAX_ROUNDS:
         rounds += 1
-        plan = plan_program(restricted, **kwargs)
+        try:
+            plan = plan_program(restricted, **kwargs)
+        except EmbarkError as e:
+            raise _no_fit(program, target, e) from None
         pins = torchrec_pins(plan, pinned) if target == "torchrec" else {}
         if not pins:
             break
@@ -202,6 +205,26 @@ def plan_for_target(program: Program, target: str, **kwargs: Any) -> tuple[Any, 
         "rounds": rounds,
         "pinned": {k: _describe(v) for k, v in sorted(pinned.items())},
     }
+
+
+ROW_PARTITION = {"torchrec": "range", "hugectr": "mod"}
+"""The row partition each system's row shards are (TorchRec's blocks, HugeCTR's key mod n)."""
+
+
+def _no_fit(program: Program, target: str, e: EmbarkError) -> EmbarkError:
+    """The planner's refusal of the restricted program, said as the target's."""
+    want = ROW_PARTITION[target]
+    hint = (
+        f"{target} row-shards tables only under `row_partition {want}`: set it in the "
+        "spec's plan block, or give more GPUs"
+        if program.options.row_partition != want
+        else "give more GPUs or plan without --target"
+    )
+    return EmbarkError.at(
+        program.sources[0].path,
+        f"--target {target}: no plan within what {target} runs fits:\n" + e.render(),
+        hint=hint,
+    )
 
 
 def _describe(pin: dict[str, Any]) -> str:
