@@ -277,3 +277,17 @@ def test_target_that_cannot_fit_says_which_partition_would(tmp_path, root):
     assert "--target hugectr: no plan within what hugectr runs fits" in r.stderr
     assert "row-shards tables only under `row_partition mod`" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_target_torchrec_under_mod_refuses_a_row_shard_pin_and_says_range(tmp_path):
+    (tmp_path / "s.embark").write_text(spec("mod", extra="table a { row_shards 2 }"))
+    r = _embarkc("plan", "s.embark", "--target", "torchrec", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "table `a` is constrained to at least 2 row shards" in r.stderr
+    assert "set `row_partition range`" in r.stderr
+
+
+def test_plan_json_refuses_explain(tmp_path):
+    (tmp_path / "s.embark").write_text(spec())
+    r = _embarkc("plan", "s.embark", "--format", "json", "--explain", "a", cwd=tmp_path)
+    assert r.returncode == 2 and "--explain prints a table, not JSON" in r.stderr

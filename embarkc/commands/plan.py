@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_planner_options(args, args.spec)
     _check_output(args)
+    if args.format == "json" and args.explain is not None:
+        raise EmbarkError.at(
+            args.spec, "--explain prints a table, not JSON: drop --explain or --format json"
+        )
     if args.dump == "ast":
         print(dump_ast(args.spec))
         return EXIT_OK

@@ -37,6 +37,7 @@ j-th of them in rank order), which is embarkc's `mod` partition; it has no colum
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -392,7 +393,7 @@ def _hugectr(plan: Any) -> tuple[dict[str, Any], list[str]]:
                     {
                         "name": f.name,
                         "combiner": f.pooling,
-                        "max_hotness": f.max_hotness or int(f.hotness),
+                        "max_hotness": f.max_hotness or math.ceil(f.hotness),
                     }
                     for f in fs
                 ],

@@ -58,7 +58,13 @@ def restrict(program: Program, target: str) -> Program:
             update={"options": opts.model_copy(update={"communication": "flat"})}
         )
         if opts.row_partition == "mod":
-            program = _bound_all(program, "row", 1, "TorchRec cuts rows in range blocks")
+            program = _bound_all(
+                program,
+                "row",
+                1,
+                "TorchRec cuts rows in range blocks",
+                "set `row_partition range` in the spec's plan block",
+            )
         return program
     if target == "hugectr":
         if opts.communication == "auto":
@@ -67,12 +73,24 @@ def restrict(program: Program, target: str) -> Program:
             )
         program = _bound_all(program, "column", 1, "HugeCTR does not cut columns")
         if opts.row_partition == "range":
-            program = _bound_all(program, "row", 1, "HugeCTR cuts rows by key mod n")
+            program = _bound_all(
+                program,
+                "row",
+                1,
+                "HugeCTR cuts rows by key mod n",
+                "set `row_partition mod` in the spec's plan block",
+            )
         return program
     raise EmbarkError.at(spec, f"unknown target `{target}`", hint="targets: torchrec, hugectr")
 
 
-def _pinned(program: Program, c: TableConstraint, what: str, why: str) -> EmbarkError:
+def _pinned(
+    program: Program,
+    c: TableConstraint,
+    what: str,
+    why: str,
+    hint: str = "drop this constraint or plan without --target",
+) -> EmbarkError:
     from embarkc.diagnostics import Diagnostic, Span
 
     span = c.span.to_span() if c.span else Span.of_file(program.sources[0].path)
@@ -80,19 +98,23 @@ def _pinned(program: Program, c: TableConstraint, what: str, why: str) -> Embark
         Diagnostic(
             f"--target: table `{c.table}` is constrained to {what}, but {why}",
             span,
-            "drop this constraint or plan without --target",
+            hint,
         )
     )
 
 
-def _bound_all(program: Program, axis: str, most: int, why: str) -> Program:
+def _bound_all(
+    program: Program, axis: str, most: int, why: str, hint: str | None = None
+) -> Program:
     """Every table's `axis` ("row" or "column") shards bounded to at most `most`."""
     cons = dict(program.constraint_of)
     for t in program.tables:
         c = cons.get(t.name) or TableConstraint(table=t.name)
         low = getattr(c, f"min_{axis}_shards")
         if low > most:
-            raise _pinned(program, c, f"at least {low} {axis} shards", why)
+            raise _pinned(
+                program, c, f"at least {low} {axis} shards", why, *([hint] if hint else [])
+            )
         high = getattr(c, f"max_{axis}_shards")
         cons[t.name] = c.model_copy(
             update={f"max_{axis}_shards": most if high is None else min(high, most)}
