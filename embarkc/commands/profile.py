@@ -32,9 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--data-format",
-        choices=("auto", "criteo", "hugectr"),
         default="auto",
-        help="the dataset's format (auto: from the first file)",
+        metavar="FORMAT",
+        help="the dataset's format as the runtime's readers name it (criteo, hugectr, ...; "
+        "default auto: from the first file)",
     )
     p.add_argument(
         "--samples",
