@@ -291,3 +291,50 @@ def test_plan_json_refuses_explain(tmp_path):
     (tmp_path / "s.embark").write_text(spec())
     r = _embarkc("plan", "s.embark", "--format", "json", "--explain", "a", cwd=tmp_path)
     assert r.returncode == 2 and "--explain prints a table, not JSON" in r.stderr
+
+
+def _parsed(plan: dict):
+    from embark_runtime.plan import parse_plan
+
+    return parse_plan(json.dumps(plan))
+
+
+def test_torchrec_pins_move_each_table_to_the_nearest_layout_torchrec_runs():
+    from embarkc.interop.targets import torchrec_pins
+
+    base = baseline("table-wise")
+    ub = copy.deepcopy(base)
+    for c in ub["clusters"]:
+        c["kind"] = "ub"
+        c.pop("gradient_exchange", None)
+    assert torchrec_pins(_parsed(ub)) == {t: {"cluster": "rb"} for t in ("a", "b", "c")}
+    # 2 row shards over two nodes: table_row_wise needs them on one node
+    spread = _cells(base, "a", [(0, 2, (0, 16), 0), (1, 2, (0, 16), 2)])
+    assert torchrec_pins(_parsed(spread)) == {
+        "a": {"min_row_shards": 2, "max_row_shards": 2, "within_node": True}
+    }
+    # 3 row shards: neither a node (2) nor the world (4)
+    three = _cells(base, "a", [(0, 3, (0, 16), 0), (1, 3, (0, 16), 1), (2, 3, (0, 16), 2)])
+    assert torchrec_pins(_parsed(three))["a"] == {
+        "min_row_shards": 4,
+        "max_row_shards": 4,
+        "within_node": False,
+    }
+    # rows and columns cut across nodes: the columns go first
+    grid = _cells(
+        base,
+        "a",
+        [(0, 2, (0, 8), 0), (1, 2, (0, 8), 2), (0, 2, (8, 16), 1), (1, 2, (8, 16), 3)],
+    )
+    assert torchrec_pins(_parsed(grid)) == {"a": {"min_column_shards": 1, "max_column_shards": 1}}
+    # a table already pinned that still fails (two row shards on one GPU) keeps rows whole
+    packed = _cells(
+        base, "a", [(0, 4, (0, 16), 0), (1, 4, (0, 16), 0), (2, 4, (0, 16), 1), (3, 4, (0, 16), 2)]
+    )
+    pinned = {"a": {"min_row_shards": 4, "max_row_shards": 4}}
+    assert torchrec_pins(_parsed(packed), pinned)["a"] == {
+        "min_row_shards": 1,
+        "max_row_shards": 1,
+        "within_node": False,
+    }
+    assert torchrec_pins(_parsed(base)) == {}
