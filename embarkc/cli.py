@@ -37,7 +37,12 @@ COMMANDS = (
     "measured",
     "calibrate",
     "export",
+    "import",
+    "profile",
+    "schema",
 )
+MODULES = {"import": "import_"}
+"""Command modules not named as their command (`import` is a Python keyword)."""
 
 
 class _ReaderGone:
@@ -122,9 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
-            mod = importlib.import_module(f"embarkc.commands.{name}")
+            module = f"embarkc.commands.{MODULES.get(name, name)}"
+            mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if e.name != f"embarkc.commands.{name}":
+            if e.name != module:
                 raise
             continue
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)

@@ -41,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="print the parse tree (of one spec) or the IR (JSON) instead; with several "
         "specs, ir is one JSON object mapping each path to its IR",
     )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="summaries as text (default) or JSON on stdout: one object, a list of them "
+        "for several files (a file that fails is {file, ok: false}, its errors on stderr)",
+    )
 
 
 def summary_rows(program: Any) -> list[tuple[str, str]]:
@@ -122,52 +129,66 @@ def run(args: argparse.Namespace) -> int:
         )
     irs: dict[str, Any] = {}
     status = EXIT_OK
+    as_json = getattr(args, "format", "text") == "json" and not args.dump
+    results: list[dict[str, Any]] = []
     for given in args.specs:
+        before = len(results)
         try:
-            spec = plan_in_folder(given)
-        except EmbarkError as e:
-            print(e.render(), file=sys.stderr)
-            status = EXIT_USER_ERROR
-            continue
-        if not Path(spec).exists():
-            what = {".json": "plan file", ".embark": "spec file"}.get(Path(spec).suffix, "file")
-            print(EmbarkError.at(spec, f"no such {what}").render(), file=sys.stderr)
-            status = EXIT_USER_ERROR
-            continue
-        if Path(spec).suffix != ".embark" and is_plan_file(spec) and Path(spec).is_file():
             try:
-                if args.dump:
-                    raise EmbarkError.at(
-                        spec, f"--dump {args.dump} is for specs; this is a plan file"
-                    )
-                _check_plan_file(spec)
+                spec = plan_in_folder(given)
             except EmbarkError as e:
-                print(e.render_with_files(), file=sys.stderr)
+                print(e.render(), file=sys.stderr)
                 status = EXIT_USER_ERROR
-            except PlanError as e:
-                print(str(e), file=sys.stderr)
-                status = EXIT_USER_ERROR
-            continue
-        try:
-            if args.dump == "ast":
-                print(dump_ast(spec))
                 continue
-            warnings: list[Diagnostic] = []
-            program = load_program(spec, warnings)
-            print_warnings(warnings)
-        except EmbarkError as e:
-            print(e.render(), file=sys.stderr)
-            status = EXIT_USER_ERROR
-            continue
-        if args.dump == "ir":
-            if several:
-                irs[spec] = json.loads(dump_ir(program))
+            if not Path(spec).exists():
+                what = {".json": "plan file", ".embark": "spec file"}.get(Path(spec).suffix, "file")
+                print(EmbarkError.at(spec, f"no such {what}").render(), file=sys.stderr)
+                status = EXIT_USER_ERROR
+                continue
+            if Path(spec).suffix != ".embark" and is_plan_file(spec) and Path(spec).is_file():
+                try:
+                    if args.dump:
+                        raise EmbarkError.at(
+                            spec, f"--dump {args.dump} is for specs; this is a plan file"
+                        )
+                    _check_plan_file(spec, results if as_json else None)
+                except EmbarkError as e:
+                    print(e.render_with_files(), file=sys.stderr)
+                    status = EXIT_USER_ERROR
+                except PlanError as e:
+                    print(str(e), file=sys.stderr)
+                    status = EXIT_USER_ERROR
+                continue
+            try:
+                if args.dump == "ast":
+                    print(dump_ast(spec))
+                    continue
+                warnings: list[Diagnostic] = []
+                program = load_program(spec, warnings)
+                print_warnings(warnings)
+            except EmbarkError as e:
+                print(e.render(), file=sys.stderr)
+                status = EXIT_USER_ERROR
+                continue
+            if args.dump == "ir":
+                if several:
+                    irs[spec] = json.loads(dump_ir(program))
+                else:
+                    print(dump_ir(program))
+                continue
+            if as_json:
+                from embarkc.interop.summaries import spec_summary
+
+                results.append(spec_summary(spec, program))
             else:
-                print(dump_ir(program))
-            continue
-        _print_summary(spec, program)
+                _print_summary(spec, program)
+        finally:
+            if as_json and len(results) == before:
+                results.append({"file": given, "ok": False})
     if args.dump == "ir" and several and status == EXIT_OK:
         print(json.dumps(irs, indent=2))
+    if as_json:
+        print(json.dumps(results if several else results[0], indent=2))
     return status
 
 
@@ -187,9 +208,9 @@ def _spec_of_plan(plan: Any, path: str) -> tuple[Any, str]:
     return load_program(str(spec)), f"{spec} (unchanged): checked against it"
 
 
-def _check_plan_file(path: str) -> None:
+def _check_plan_file(path: str, results: list[dict[str, Any]] | None = None) -> None:
     """Validate the plan at `path` (EmbarkError or PlanError naming the broken rule) and
-    print its summary."""
+    print its summary (with `results`, append its JSON summary there instead)."""
     from embark_runtime.plan import load_plan
     from embarkc.planner import check_against_spec, layout_is_stale, stale_reason
 
@@ -206,6 +227,11 @@ def _check_plan_file(path: str) -> None:
             "counts it)",
             file=sys.stderr,
         )
+    if results is not None:
+        from embarkc.interop.summaries import plan_file_summary
+
+        results.append(plan_file_summary(path, plan, against))
+        return
     _print_rows(f"{path}: ok", plan_summary_rows(plan, against))
 
 

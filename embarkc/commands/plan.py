@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from collections import Counter
@@ -53,6 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dump",
         choices=("ast", "ir", "plan"),
         help="print this stage on stdout and stop (not with -o)",
+    )
+    p.add_argument(
+        "--target",
+        choices=("torchrec", "hugectr"),
+        help="plan only what TorchRec or HugeCTR can run (docs/interop.md); the plan says "
+        "how much slower it is than the unrestricted plan",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="the summary as text (default) or as one JSON object on stdout",
     )
     p.add_argument(
         "-q",
@@ -97,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_planner_options(args, args.spec)
     _check_output(args)
+    if args.format == "json" and args.explain is not None:
+        raise EmbarkError.at(
+            args.spec, "--explain prints a table, not JSON: drop --explain or --format json"
+        )
     if args.dump == "ast":
         print(dump_ast(args.spec))
         return EXIT_OK
@@ -125,7 +142,13 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(
         strategy=args.strategy, solver=args.solver, time_limit=args.time_limit, seed=args.seed
     )
-    if sys.stderr.isatty() and not args.quiet:
+    if args.target:
+        from embarkc.interop.targets import plan_for_target, with_target
+
+        print(f"planning {args.spec} for {args.target} ...", file=sys.stderr)
+        plan, info = plan_for_target(program, args.target, **kwargs)
+        plan = with_target(plan, info, plan_program(program, baselines=False, **kwargs))
+    elif sys.stderr.isatty() and not args.quiet and args.format == "text":
         from rich.console import Console
 
         with Console(stderr=True).status("planning ...") as status:
@@ -161,7 +184,11 @@ def run(args: argparse.Namespace) -> int:
             )
     limit = program.options.time_limit if args.time_limit is None else args.time_limit
     with contextlib.redirect_stdout(summary_to):
-        if not args.quiet:
+        if args.format == "json" and not args.quiet:
+            from embarkc.interop.summaries import plan_summary
+
+            print(json.dumps(plan_summary(plan, wall, args.output), indent=2))
+        elif not args.quiet:
             _print(plan, wall, args.output, limit, program)
         if args.explain:
             _explain(program, plan, args.explain)
@@ -241,6 +268,11 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
     )
     if pextra.get("message"):
         print(f"  {pextra['message']}")
+    target = pextra.get("target")
+    if target:
+        from embarkc.interop.summaries import target_line
+
+        print(f"  {target_line(target)}")
     if "greedy_step_time" in pextra:
         print(f"  greedy step time {format_ms(pextra['greedy_step_time'])}")
     if info.solver == "cp-sat" and info.wall_time and pextra.get("objective") is not None:

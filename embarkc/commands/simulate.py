@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", choices=("greedy", "cp-sat"), help="solver for a SPEC")
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit for a SPEC")
     p.add_argument("--all-ranks", action="store_true", help="print every rank")
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="the result as text (default) or as one JSON object on stdout (every rank)",
+    )
 
 
 def load_target(args: argparse.Namespace) -> Any:
@@ -121,7 +127,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise EmbarkError.at(args.target, str(e)) from None
     wall = time.perf_counter() - start
-    print_result(plan, result, compare_with_estimate(plan, result), wall, args.all_ranks)
+    if args.format == "json":
+        import json
+
+        from embarkc.interop.summaries import simulation_summary
+
+        diff = compare_with_estimate(plan, result)
+        print(json.dumps(simulation_summary(plan, result, diff, wall), indent=2))
+    else:
+        print_result(plan, result, compare_with_estimate(plan, result), wall, args.all_ranks)
     from embarkc.planner import stale_reason
 
     why = stale_reason(plan)
