@@ -81,7 +81,7 @@ from embark_runtime.dense import (
 from embark_runtime.files import output_target
 from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
-from embark_runtime.plan import Plan, PlanError, load_plan
+from embark_runtime.plan import Plan, PlanError, check_complete, load_plan
 
 EXIT_USER_ERROR = 2
 
@@ -367,6 +367,7 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         _check_args(args)
         try:
             plan = load_plan(program.plan_path)
+            check_complete(plan, program.plan_path, training=True)
         except PlanError as e:
             raise TrainerError(str(e)) from None
         program.check_plan(plan)
