@@ -78,7 +78,7 @@ from embark_runtime.dense import (
     make_optimizer,
     optimizer_state_tensors,
 )
-from embark_runtime.files import output_target
+from embark_runtime.files import RunPath, output_target, run_path_clash
 from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.plan import Plan, PlanError, check_complete, load_plan
@@ -360,11 +360,32 @@ def _check_output(flag: str, path: Path, folder: bool) -> None:
         ) from None
 
 
+def _check_run_paths(args: argparse.Namespace, plan_path: Path | str) -> None:
+    """TrainerError when two of the run's paths clash (`embark_runtime.files.run_path_clash`):
+    checked on every rank before the first step, so nothing is overwritten."""
+    named: list[RunPath] = [RunPath("the plan", Path(plan_path), "input")]
+    for flag, path, kind in (
+        ("--export-embeddings", args.export_embeddings, "file"),
+        ("--log-json", args.log_json, "file"),
+        ("--checkpoint-dir", args.checkpoint_dir, "checkpoints"),
+        ("--tensorboard", args.tensorboard, "folder"),
+        ("--profile-dir", args.profile_dir if args.profile_steps else None, "folder"),
+        ("--data", args.data, "input"),
+        ("--resume", Path(args.resume) if args.resume else None, "resumed"),
+    ):
+        if path is not None:
+            named.append(RunPath(flag, path, kind))  # type: ignore[arg-type]
+    clash = run_path_clash(named)
+    if clash is not None:
+        raise TrainerError(clash)
+
+
 def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
     """Entry point of a generated train.py; returns the process exit code."""
     args = build_parser(program).parse_args(argv)
     try:
         _check_args(args)
+        _check_run_paths(args, program.plan_path)
         try:
             plan = load_plan(program.plan_path)
             check_complete(plan, program.plan_path, training=True)
