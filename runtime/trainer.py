@@ -103,7 +103,12 @@ class TrainerError(Exception):
 class _Stopped(TrainerError):
     """An error every rank of the job knows of (see `_Sharded._together`): each rank says
     its part, then they all wait for each other before exiting, so that torchrun, which
-    stops the other ranks when the first one exits, cuts no rank's message off."""
+    stops the other ranks when the first one exits, cuts no rank's message off. `shared`:
+    every rank failed alike (a missing checkpoint, say): rank 0 alone says it."""
+
+    def __init__(self, message: str, shared: bool = False):
+        super().__init__(message)
+        self.shared = shared
 
 
 @dataclass(frozen=True)
@@ -251,6 +256,13 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
         "--tensorboard", type=Path, metavar="DIR", help="TensorBoard scalars to this folder"
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="check the options, outputs, plan.json, the checkpoint to resume and whether "
+        "the tables fit this machine's memory in one process, then exit (0, or 2 with the "
+        "problem) without training; launch.sh runs it before torchrun",
+    )
     return p
 
 
@@ -380,6 +392,22 @@ def _check_run_paths(args: argparse.Namespace, plan_path: Path | str) -> None:
         raise TrainerError(clash)
 
 
+def _preflight(plan: Plan, args: argparse.Namespace) -> None:
+    """TrainerError when the run cannot start (`embark_runtime.preflight`): no checkpoint
+    to resume where --resume says, tables beyond this machine's free memory on a CPU run.
+    Before any rank allocates; `--preflight` stops after it."""
+    from embark_runtime import preflight
+
+    problems = [preflight.resume_problem(args.resume, args.checkpoint_dir)]
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    if on_cpu:
+        export = args.export_embeddings is not None
+        problems.append(preflight.host_memory_check(plan, reference=args.reference, export=export))
+    for problem in problems:
+        if problem is not None:
+            raise TrainerError(problem)
+
+
 def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
     """Entry point of a generated train.py; returns the process exit code."""
     args = build_parser(program).parse_args(argv)
@@ -392,11 +420,14 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         except PlanError as e:
             raise TrainerError(str(e)) from None
         program.check_plan(plan)
+        _preflight(plan, args)
     except _user_errors() as e:
         # the options and plan.json are the same for every rank of a node: one says it
         if os.environ.get("LOCAL_RANK", "0") == "0":
             _say_on_stderr(f"train.py: error: {e}")
         return EXIT_USER_ERROR
+    if args.preflight:
+        return 0
     try:
         if args.reference:
             return _Reference(program, plan, args).run()
@@ -406,7 +437,10 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         # is then told apart from an error all of them share
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         who = f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""
-        _say_on_stderr(f"train.py: error: {who}{e}")
+        if isinstance(e, _Stopped) and e.shared:
+            who = f"every rank of {world}: "
+        if not (isinstance(e, _Stopped) and e.shared and os.environ.get("RANK", "0") != "0"):
+            _say_on_stderr(f"train.py: error: {who}{e}")
         if isinstance(e, _Stopped):
             _wait_for_the_others()
         return EXIT_USER_ERROR
@@ -945,8 +979,10 @@ class _Sharded:
         failed = torch.zeros(self.world, dtype=torch.int32, device=self.device)
         failed[self.rank] = int(error is not None)
         self.dist.all_reduce(failed)
-        if error is not None:
-            raise _Stopped(str(error)) from None
+        if bool(failed.any()):
+            shared = self._same_everywhere(None if error is None else str(error))
+            if error is not None:
+                raise _Stopped(str(error), shared=shared) from None
         flags = failed.cpu().tolist()
         if any(flags):
             ranks = [r for r, f in enumerate(flags) if f]
@@ -956,6 +992,17 @@ class _Sharded:
                 "(see the message of each)"
             )
         return out
+
+    def _same_everywhere(self, message: str | None) -> bool:
+        """Whether every rank holds this same error `message` (None: this rank has none),
+        compared by a 60-bit digest: then rank 0 alone says it."""
+        import hashlib
+
+        code = -1 if message is None else int(hashlib.sha256(message.encode()).hexdigest()[:15], 16)
+        codes = torch.tensor([code, -code], dtype=torch.int64, device=self.device)
+        self.dist.all_reduce(codes, op=self.dist.ReduceOp.MAX)
+        high, low = int(codes[0]), -int(codes[1])
+        return self.world > 1 and code >= 0 and high == low
 
     def close(self) -> None:
         self.log.close()
