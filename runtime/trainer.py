@@ -598,7 +598,7 @@ class _Log:
         self.write(record)
         if self.quiet:
             return
-        done = record["step"] + 1
+        done = record["step"]
         text = (
             f"step {done}/{self.total}  loss {record['loss']:.5f}  "
             f"{record['samples_per_s']:,.0f} samples/s  "
@@ -720,7 +720,7 @@ class _Reference:
             dt = time.perf_counter() - t0
             self.log.step(
                 {
-                    "step": step,
+                    "step": step + 1,
                     "loss": loss.item(),
                     "samples_per_s": self.program.global_batch / dt,
                     "bytes": {},
@@ -769,7 +769,7 @@ def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -
     log.say(f"eval after step {done}: AUC {auc:.4f}  log loss {ll:.5f}  ({labels.size} samples)")
     auc_or_none = None if math.isnan(auc) else auc
     log.write(
-        {"eval": True, "step": done - 1, "auc": auc_or_none, "logloss": ll, "samples": labels.size}
+        {"eval": True, "step": done, "auc": auc_or_none, "logloss": ll, "samples": labels.size}
     )
     return {"logloss": ll} if auc_or_none is None else {"auc": auc, "logloss": ll}
 
@@ -1094,7 +1094,7 @@ class _Sharded:
             done = step + 1
             eval_due = (a.eval_every and done % a.eval_every == 0) or done == a.steps
             if self.profiler is not None:
-                self.profiler.before(step)
+                self.profiler.before(done)
             t0 = time.perf_counter()
             self.clock.start_step()
             nxt = None
@@ -1115,9 +1115,9 @@ class _Sharded:
             spent = self.clock.end_step()
             dt = time.perf_counter() - t0
             if self.profiler is not None:
-                self.profiler.after(step, last=done == a.steps)
+                self.profiler.after(done, last=done == a.steps)
             record = {
-                "step": step,
+                "step": done,
                 "loss": loss,
                 "samples_per_s": self.program.global_batch / dt,
                 "step_s": dt,
@@ -1203,7 +1203,7 @@ class _Sharded:
             both = torch.cat(gathered, dim=1).cpu().numpy()
             values = _report_eval(self.log, done, both[0], both[1])
             if self.scalars is not None and values:
-                self.scalars.eval(done - 1, values)
+                self.scalars.eval(done, values)
 
     # ------------------------------------------------------------------ state
 
