@@ -154,3 +154,28 @@ def test_free_memory_is_the_least_of_meminfo_and_the_cgroup(
     )
     assert host_memory_problem(need, (8 << 20, "MemAvailable"), "x") is None
     assert host_memory_problem(need, None, "x") is None
+
+
+def test_the_trainer_refuses_a_plan_without_a_field_it_trains_with(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """A deleted `weighted` trained the feature unweighted (issue 35, item 1)."""
+    import json
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(tiny, out)
+    plan = json.loads((out / "plan.json").read_text())
+    (index,) = [i for i, f in enumerate(plan["features"]) if f["weighted"]]
+    del plan["features"][index]["weighted"]
+    (out / "plan.json").write_text(json.dumps(plan))
+    r = subprocess.run(
+        [sys.executable, str(out / "train.py"), "--preflight"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2
+    assert f"`features.{index}.weighted` missing" in r.stderr and "Traceback" not in r.stderr
