@@ -21,7 +21,8 @@ matter they are small beside them, and the margin below covers them.
 AVAILABLE
   the least of MemAvailable (/proc/meminfo: what can be allocated without swapping) and
   the room under this job's cgroup limit (v2 memory.max - memory.current, or v1
-  memory.limit_in_bytes - memory.usage_in_bytes); unknown (no /proc): no check.
+  memory.limit_in_bytes - memory.usage_in_bytes, of the process's own cgroup or the
+  mount's root); unknown (no /proc): no check.
 
 Torch-free: `train.py --preflight` runs it before torchrun starts the ranks.
 """
@@ -39,6 +40,7 @@ MARGIN = 1.1
 batches, buffers, the interpreter and torch themselves, some hundreds of MiB)."""
 
 _PROC_MEMINFO = Path("/proc/meminfo")
+_PROC_CGROUP = Path("/proc/self/cgroup")
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
@@ -99,12 +101,32 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None  # "max": no limit
 
 
+def _own_cgroups() -> list[str]:
+    """This process's cgroup paths (/proc/self/cgroup), for v2 (`0::/path`) and the v1
+    memory controller (`N:memory:/path`); [] when unknown."""
+    try:
+        text = _PROC_CGROUP.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers in ("", "memory") and path.startswith("/"):
+            out.append(path.lstrip("/"))
+    return out
+
+
 def _cgroup_room() -> int | None:
-    """Room under this process's cgroup memory limit, or None when there is none."""
-    for limit_file, usage_file in (
-        (_CGROUP_V2 / "memory.max", _CGROUP_V2 / "memory.current"),
-        (_CGROUP_V1 / "memory.limit_in_bytes", _CGROUP_V1 / "memory.usage_in_bytes"),
-    ):
+    """Room under this process's cgroup memory limit, or None when there is none. The
+    process's own cgroup first (a host's systemd slice), then the mount's root (a
+    container sees its own cgroup there)."""
+    candidates = []
+    for sub in [*_own_cgroups(), ""]:
+        candidates.append((_CGROUP_V2 / sub / "memory.max", _CGROUP_V2 / sub / "memory.current"))
+        candidates.append(
+            (_CGROUP_V1 / sub / "memory.limit_in_bytes", _CGROUP_V1 / sub / "memory.usage_in_bytes")
+        )
+    for limit_file, usage_file in candidates:
         limit = _read_int(limit_file)
         # cgroup v1 writes "no limit" as a number near 2^63
         if limit is not None and limit < (1 << 60):

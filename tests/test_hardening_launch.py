@@ -139,6 +139,8 @@ def test_free_memory_is_the_least_of_meminfo_and_the_cgroup(
     monkeypatch.setattr(host_memory, "_PROC_MEMINFO", tmp_path / "meminfo")
     monkeypatch.setattr(host_memory, "_CGROUP_V2", tmp_path)
     monkeypatch.setattr(host_memory, "_CGROUP_V1", tmp_path / "none")
+    monkeypatch.setattr(host_memory, "_PROC_CGROUP", tmp_path / "cgroup")
+    (tmp_path / "cgroup").write_text("0::/\n")
     assert host_memory.available_host_memory() == (
         2_000_000,
         "the room under this job's cgroup memory limit",
@@ -154,6 +156,15 @@ def test_free_memory_is_the_least_of_meminfo_and_the_cgroup(
     )
     assert host_memory_problem(need, (8 << 20, "MemAvailable"), "x") is None
     assert host_memory_problem(need, None, "x") is None
+    # on a host, the limit is the process's own slice's
+    (tmp_path / "job.slice").mkdir()
+    (tmp_path / "job.slice/memory.max").write_text("1500000\n")
+    (tmp_path / "job.slice/memory.current").write_text("500000\n")
+    (tmp_path / "cgroup").write_text("0::/job.slice\n")
+    assert host_memory.available_host_memory() == (
+        1_000_000,
+        "the room under this job's cgroup memory limit",
+    )
 
 
 def test_the_trainer_refuses_a_plan_without_a_field_it_trains_with(
