@@ -4,8 +4,10 @@ This module is the single reader and writer of plan files. The compiler builds `
 objects and writes them with `dumps_plan`; generated trainers, `embarkc diff` and outside
 tools read them with `load_plan`, which rejects a plan that breaks a rule of the contract
 (shared/contracts/plan-v1.md), naming the rule, or holds a number beyond what is
-physically meaningful (the MAX_ and MIN_ bounds below), naming the field. It imports
-neither torch nor the compiler.
+physically meaningful (the MAX_ and MIN_ bounds below), naming the field. The models'
+defaults serve plans of other tools; a plan read as the plan of a spec, or trained, must
+give every field its spec determines (`missing_fields`, `check_complete`: rule
+`complete`). It imports neither torch nor the compiler.
 
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params, tables[].init, tables[].bytes
