@@ -244,7 +244,8 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p.add_argument(
         "--profile-steps",
         metavar="A:B",
-        help="torch.profiler trace of steps A to B-1 per rank (Perfetto/TensorBoard)",
+        help="torch.profiler trace of steps A to B-1 per rank (Perfetto/TensorBoard); steps "
+        "count from 1, as the console, the log and the checkpoints' step-N",
     )
     p.add_argument(
         "--profile-dir",
