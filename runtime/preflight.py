@@ -86,3 +86,19 @@ def resume_problem(resume: str | None, checkpoint_dir: Path | None) -> str | Non
     except checkpoint.CheckpointError as e:
         return f"--resume {path}: {e}"
     return None
+
+
+def data_problem(data: Path | None) -> str | None:
+    """What makes `--data` unreadable before any rank opens it: a folder without data
+    files (each rank would find it, after the group formed), or None. Lists names only;
+    the records are the ranks' to read."""
+    if data is None:
+        return None
+    from embark_runtime.readers import ReaderError, _expand
+
+    try:
+        _expand(data)
+    except ReaderError as e:
+        why = str(e).removeprefix(f"{data}: ").removeprefix("error: ")
+        return f"--data {data}: {why}"
+    return None

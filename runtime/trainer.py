@@ -395,11 +395,15 @@ def _check_run_paths(args: argparse.Namespace, plan_path: Path | str) -> None:
 
 def _preflight(plan: Plan, args: argparse.Namespace) -> None:
     """TrainerError when the run cannot start (`embark_runtime.preflight`): no checkpoint
-    to resume where --resume says, tables beyond this machine's free memory on a CPU run.
+    to resume where --resume says, a --data folder without data files, tables beyond this
+    machine's free memory on a CPU run.
     Before any rank allocates; `--preflight` stops after it."""
     from embark_runtime import preflight
 
-    problems = [preflight.resume_problem(args.resume, args.checkpoint_dir)]
+    problems = [
+        preflight.resume_problem(args.resume, args.checkpoint_dir),
+        preflight.data_problem(args.data),
+    ]
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     if on_cpu:
         export = args.export_embeddings is not None

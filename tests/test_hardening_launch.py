@@ -45,6 +45,10 @@ def test_user_errors_under_launch_sh_are_one_message_and_exit_2(tiny: Path, tmp_
     r = _launch(tiny, "--steps", "2", "--resume", "nowhere", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr == "train.py: error: --resume nowhere: no such checkpoint\n"
+    (tmp_path / "empty").mkdir()
+    r = _launch(tiny, "--steps", "2", "--data", "empty", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "train.py: error: --data empty: the directory holds no data files\n"
     # found by the ranks together (the data has fewer samples than one batch): rank 0 says it
     (tmp_path / "one.tsv").write_text(TSV_LINE)
     r = _launch(tiny, "--steps", "2", "--data", "one.tsv", cwd=tmp_path)
