@@ -112,7 +112,12 @@ class EmbarkError(Exception):
             diagnostics = [diagnostics]
         self.diagnostics: list[Diagnostic] = list(diagnostics)
         self.sources: dict[str, str] = dict(sources or {})
-        super().__init__(self.render())
+        super().__init__()
+
+    def __str__(self) -> str:
+        # rendered when shown, not when raised: an error re-raised with more diagnostics
+        # (lowering collects them) would render its caret lines once per raise
+        return self.render()
 
     @staticmethod
     def at(path: str, message: str, hint: str | None = None) -> EmbarkError:

@@ -250,16 +250,17 @@ def gather_phases(
 
 
 def parse_steps(text: str) -> tuple[int, int]:
-    """`A:B` (steps A..B-1, counted from 0 as the log's `step`) of --profile-steps."""
+    """`A:B` (steps A..B-1, counted from 1 as the console, the log's `step` and the
+    checkpoints' step-N number them: step N is the N-th step trained) of --profile-steps."""
     a, sep, b = text.partition(":")
     try:
         first, end = int(a), int(b)
     except ValueError:
         first = end = -1
-    if not sep or first < 0 or end <= first:
+    if not sep or first < 1 or end <= first:
         raise ValueError(
-            f"--profile-steps {text!r}: expected A:B with 0 <= A < B (steps A to B-1, "
-            "counted from 0 as in the log), e.g. 5:8"
+            f"--profile-steps {text!r}: expected A:B with 1 <= A < B (steps A to B-1, "
+            "counted from 1 as in the console and the log), e.g. 5:8"
         )
     return first, end
 
@@ -276,6 +277,7 @@ class StepProfiler:
         self.written: list[Any] = []
 
     def before(self, step: int) -> None:
+        """`step`: the step about to run, numbered as the log numbers it (from 1)."""
         if step == self.first:
             from torch.profiler import ProfilerActivity, profile
 

@@ -4,8 +4,10 @@ This module is the single reader and writer of plan files. The compiler builds `
 objects and writes them with `dumps_plan`; generated trainers, `embarkc diff` and outside
 tools read them with `load_plan`, which rejects a plan that breaks a rule of the contract
 (shared/contracts/plan-v1.md), naming the rule, or holds a number beyond what is
-physically meaningful (the MAX_ and MIN_ bounds below), naming the field. It imports
-neither torch nor the compiler.
+physically meaningful (the MAX_ and MIN_ bounds below), naming the field. The models'
+defaults serve plans of other tools; a plan read as the plan of a spec, or trained, must
+give every field its spec determines (`missing_fields`, `check_complete`: rule
+`complete`). It imports neither torch nor the compiler.
 
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params (.schedule when set), tables[].init, tables[].bytes
@@ -219,13 +221,20 @@ def feature_problem(f: PlanFeature, rows: int) -> str | None:
                 f"feature `{f.name}`: histogram counts sum to more than {MAX_BYTES:.3e} "
                 "(they are 64-bit counts)"
             )
-    if a.kind == "zipf" and (a.alpha is None or a.alpha <= 0):
+    if a.kind == "zipf" and a.alpha is None:
+        return f"feature `{f.name}`: zipf access needs alpha > 0, and `alpha` is missing"
+    if a.kind == "zipf" and a.alpha is not None and a.alpha <= 0:
         return f"feature `{f.name}`: zipf access needs alpha > 0"
     if f.max_hotness is not None:
         if f.max_hotness < 1 or f.max_hotness < f.hotness:
             return (
                 f"feature `{f.name}`: max_hotness {f.max_hotness} is below its hotness "
                 f"{f.hotness:g} (a bag holds 1 to max_hotness ids, hotness on average)"
+            )
+        if f.fixed and f.max_hotness != f.hotness and "fixed" not in f.model_fields_set:
+            return (
+                f"feature `{f.name}`: `fixed` is missing, and a bag of hotness {f.hotness:g} "
+                f'and max_hotness {f.max_hotness} is not fixed (`"fixed": false`)'
             )
         if f.fixed and f.max_hotness != f.hotness:
             return (
@@ -727,6 +736,98 @@ def parse_plan(text: str, path: str = "<plan>") -> Plan:
         if problem is not None:
             raise PlanError(path, "features", problem)
     return plan
+
+
+# ------------------------------------------------------------------ completeness
+# The models above give defaults to fields that a plan of another tool may leave out.
+# A plan read as the plan of a spec (`embarkc check` against its spec, `compile --plan`)
+# or trained (the generated trainer) must not fall back on them: a deleted `"lr": 0.05`
+# would train with 0.01. `missing_fields` names every field the spec determines that a
+# plan lacks; docs/plan.md ("Fields a plan may leave out") lists the ones it may.
+
+_TABLE_FIELDS = ("dtype", "optimizer", "optimizer_params", "init")
+_OPTIONAL_PARAMS = ("schedule",)
+"""Optimizer parameters written only when the spec sets them (absent: a constant rate);
+`check` compares a plan's schedules with its spec's, so a deleted one is still found."""
+_FEATURE_FIELDS = ("pooling", "max_hotness", "fixed", "weighted")
+_ACCESS_FIELDS = {"uniform": (), "zipf": ("alpha", "permuted"), "histogram": ("keys", "counts")}
+_MODEL_FIELDS: dict[str, tuple[str, ...]] = {
+    "": ("batch_size", "dense_features", "bottom_mlp", "interaction", "top_mlp", "optimizer"),
+    "interaction": ("kind", "layers", "low_rank"),
+    "optimizer": ("kind", "lr", "eps", "beta1", "beta2"),
+}
+
+
+def _unset(model: BaseModel, names: tuple[str, ...] | list[str], where: str) -> list[str]:
+    return [f"{where}.{n}" for n in names if n not in model.model_fields_set]
+
+
+def missing_training_fields(plan: Plan) -> list[str]:
+    """Dotted paths (`tables.1.optimizer_params.lr`, as the schema errors name fields) of
+    the fields of tables and features that training reads and `plan` does not give, in
+    file order: each table's dtype, optimizer, every optimizer and init parameter; each
+    feature's pooling, bag bounds (max_hotness, fixed), weighted and the parameters of
+    its access distribution."""
+    out: list[str] = []
+    for i, t in enumerate(plan.tables):
+        out += _unset(t, _TABLE_FIELDS, f"tables.{i}")
+        if "optimizer_params" in t.model_fields_set:
+            names = [n for n in OptimizerParams.model_fields if n not in _OPTIONAL_PARAMS]
+            out += _unset(t.optimizer_params, names, f"tables.{i}.optimizer_params")
+        if "init" in t.model_fields_set:
+            out += _unset(t.init, list(InitParams.model_fields), f"tables.{i}.init")
+    for i, f in enumerate(plan.features):
+        out += _unset(f, _FEATURE_FIELDS, f"features.{i}")
+        out += _unset(f.access, _ACCESS_FIELDS[f.access.kind], f"features.{i}.access")
+    return out
+
+
+def missing_fields(plan: Plan) -> list[str]:
+    """Dotted paths of every field that the spec of `plan` determines and `plan` does not
+    give (`missing_training_fields`, the topology's arch and dense_flops, the dense
+    `model` and every field of it, the `seed`), and of the contract's planner fields
+    (`seed`, `wall_time`), in file order. An empty list for a plan embarkc wrote."""
+    out = _unset(plan.topology, ("arch", "dense_flops"), "topology")
+    out += missing_training_fields(plan)
+    own = plan.model_extra or {}
+    model = own.get("model")
+    if not isinstance(model, dict):
+        out.append("model")
+    else:
+        for part, names in _MODEL_FIELDS.items():
+            node = model.get(part) if part else model
+            where = f"model.{part}" if part else "model"
+            if isinstance(node, dict):
+                out += [f"{where}.{n}" for n in names if n not in node]
+    if own.get("seed") is None:
+        out.append("seed")
+    out += _unset(plan.planner, ("seed", "wall_time"), "planner")
+    return out
+
+
+def _missing_error(path: str, missing: list[str], why: str) -> PlanError:
+    shown = ", ".join(f"`{m}`" for m in missing[:8])
+    more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+    return PlanError(
+        path,
+        "complete",
+        f"field{'s' if len(missing) > 1 else ''} {shown}{more} missing: {why}; re-plan the "
+        "spec (`embarkc plan SPEC -o plan.json`) or restore the field",
+    )
+
+
+def check_complete(plan: Plan, path: str, *, training: bool = False) -> None:
+    """Raise PlanError (rule `complete`) naming the fields `plan` lacks: with `training`
+    those training reads (the generated trainer), else every field its spec determines
+    (a plan read against its spec)."""
+    if training:
+        missing = missing_training_fields(plan)
+        why = "training reads it and would fall back on a default the spec may not say"
+    else:
+        missing = missing_fields(plan)
+        why = "the spec determines it, and a reader would fall back on a default"
+    if missing:
+        raise _missing_error(path, missing, why)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -81,13 +81,14 @@ from embark_runtime.dense import (
     optimizer_state_tensors,
     set_rate,
 )
-from embark_runtime.files import output_target
+from embark_runtime.files import RunPath, output_target, run_path_clash
 from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.optim import schedule_clusters
 from embark_runtime.plan import (
     Plan,
     PlanError,
+    check_complete,
     dense_precision,
     dense_schedule,
     load_plan,
@@ -116,7 +117,12 @@ class TrainerError(Exception):
 class _Stopped(TrainerError):
     """An error every rank of the job knows of (see `_Sharded._together`): each rank says
     its part, then they all wait for each other before exiting, so that torchrun, which
-    stops the other ranks when the first one exits, cuts no rank's message off."""
+    stops the other ranks when the first one exits, cuts no rank's message off. `shared`:
+    every rank failed alike (a missing checkpoint, say): rank 0 alone says it."""
+
+    def __init__(self, message: str, shared: bool = False):
+        super().__init__(message)
+        self.shared = shared
 
 
 @dataclass(frozen=True)
@@ -287,7 +293,8 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
     p.add_argument(
         "--profile-steps",
         metavar="A:B",
-        help="torch.profiler trace of steps A to B-1 per rank (Perfetto/TensorBoard)",
+        help="torch.profiler trace of steps A to B-1 per rank (Perfetto/TensorBoard); steps "
+        "count from 1, as the console, the log and the checkpoints' step-N",
     )
     p.add_argument(
         "--profile-dir",
@@ -299,6 +306,13 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
         "--tensorboard", type=Path, metavar="DIR", help="TensorBoard scalars to this folder"
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="check the options, outputs, plan.json, the checkpoint to resume and whether "
+        "the tables fit this machine's memory in one process, then exit (0, or 2 with the "
+        "problem) without training; launch.sh runs it before torchrun",
+    )
     return p
 
 
@@ -450,23 +464,68 @@ def _check_output(flag: str, path: Path, folder: bool) -> None:
         ) from None
 
 
+def _check_run_paths(args: argparse.Namespace, plan_path: Path | str) -> None:
+    """TrainerError when two of the run's paths clash (`embark_runtime.files.run_path_clash`):
+    checked on every rank before the first step, so nothing is overwritten."""
+    named: list[RunPath] = [RunPath("the plan", Path(plan_path), "input")]
+    for flag, path, kind in (
+        ("--export-embeddings", args.export_embeddings, "file"),
+        ("--log-json", args.log_json, "file"),
+        ("--checkpoint-dir", args.checkpoint_dir, "checkpoints"),
+        ("--tensorboard", args.tensorboard, "folder"),
+        ("--profile-dir", args.profile_dir if args.profile_steps else None, "folder"),
+        ("--data", args.data, "input"),
+        ("--resume", Path(args.resume) if args.resume else None, "resumed"),
+    ):
+        if path is not None:
+            named.append(RunPath(flag, path, kind))  # type: ignore[arg-type]
+    clash = run_path_clash(named)
+    if clash is not None:
+        raise TrainerError(clash)
+
+
+def _preflight(plan: Plan, args: argparse.Namespace) -> None:
+    """TrainerError when the run cannot start (`embark_runtime.preflight`): no checkpoint
+    to resume where --resume says, a --data folder without data files, tables beyond this
+    machine's free memory on a CPU run.
+    Before any rank allocates; `--preflight` stops after it."""
+    from embark_runtime import preflight
+
+    problems = [
+        preflight.resume_problem(args.resume, args.checkpoint_dir),
+        preflight.data_problem(args.data),
+    ]
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    if on_cpu:
+        export = args.export_embeddings is not None
+        problems.append(preflight.host_memory_check(plan, reference=args.reference, export=export))
+    for problem in problems:
+        if problem is not None:
+            raise TrainerError(problem)
+
+
 def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
     """Entry point of a generated train.py; returns the process exit code."""
     args = build_parser(program).parse_args(argv)
     try:
         _check_args(args)
+        _check_run_paths(args, program.plan_path)
         try:
             plan = load_plan(program.plan_path)
+            check_complete(plan, program.plan_path, training=True)
         except PlanError as e:
             raise TrainerError(str(e)) from None
         program.check_plan(plan)
         args.precision = _precision(args, plan)
         _open_init(args, plan)
+        _preflight(plan, args)
     except _user_errors() as e:
         # the options and plan.json are the same for every rank of a node: one says it
         if os.environ.get("LOCAL_RANK", "0") == "0":
             _say_on_stderr(f"train.py: error: {e}")
         return EXIT_USER_ERROR
+    if args.preflight:
+        return 0
     try:
         if args.reference:
             return _Reference(program, plan, args).run()
@@ -476,7 +535,10 @@ def main(program: TrainProgram, argv: Sequence[str] | None = None) -> int:
         # is then told apart from an error all of them share
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         who = f"rank {os.environ.get('RANK', '?')} of {world}: " if world > 1 else ""
-        _say_on_stderr(f"train.py: error: {who}{e}")
+        if isinstance(e, _Stopped) and e.shared:
+            who = f"every rank of {world}: "
+        if not (isinstance(e, _Stopped) and e.shared and os.environ.get("RANK", "0") != "0"):
+            _say_on_stderr(f"train.py: error: {who}{e}")
         if isinstance(e, _Stopped):
             _wait_for_the_others()
         return EXIT_USER_ERROR
@@ -660,7 +722,7 @@ class _Log:
         self.write(record)
         if self.quiet:
             return
-        done = record["step"] + 1
+        done = record["step"]
         text = (
             f"step {done}/{self.total}  loss {record['loss']:.5f}  "
             f"{record['samples_per_s']:,.0f} samples/s  "
@@ -823,7 +885,7 @@ class _Reference:
             loss_value = loss.item()
             self.log.step(
                 {
-                    "step": step,
+                    "step": step + 1,
                     "loss": loss_value,
                     "samples_per_s": self.plan.batch_size / dt,
                     "data_wait_s": waited,
@@ -877,7 +939,7 @@ def _report_eval(log: _Log, done: int, labels: np.ndarray, scores: np.ndarray) -
     log.say(f"eval after step {done}: AUC {auc:.4f}  log loss {ll:.5f}  ({labels.size} samples)")
     auc_or_none = None if math.isnan(auc) else auc
     log.write(
-        {"eval": True, "step": done - 1, "auc": auc_or_none, "logloss": ll, "samples": labels.size}
+        {"eval": True, "step": done, "auc": auc_or_none, "logloss": ll, "samples": labels.size}
     )
     return {"logloss": ll} if auc_or_none is None else {"auc": auc, "logloss": ll}
 
@@ -1142,8 +1204,10 @@ class _Sharded:
         failed = torch.zeros(self.world, dtype=torch.int32, device=self.device)
         failed[self.rank] = int(error is not None)
         self.dist.all_reduce(failed)
-        if error is not None:
-            raise _Stopped(str(error)) from None
+        if bool(failed.any()):
+            shared = self._same_everywhere(None if error is None else str(error))
+            if error is not None:
+                raise _Stopped(str(error), shared=shared) from None
         flags = failed.cpu().tolist()
         if any(flags):
             ranks = [r for r, f in enumerate(flags) if f]
@@ -1153,6 +1217,17 @@ class _Sharded:
                 "(see the message of each)"
             )
         return out
+
+    def _same_everywhere(self, message: str | None) -> bool:
+        """Whether every rank holds this same error `message` (None: this rank has none),
+        compared by a 60-bit digest: then rank 0 alone says it."""
+        import hashlib
+
+        code = -1 if message is None else int(hashlib.sha256(message.encode()).hexdigest()[:15], 16)
+        codes = torch.tensor([code, -code], dtype=torch.int64, device=self.device)
+        self.dist.all_reduce(codes, op=self.dist.ReduceOp.MAX)
+        high, low = int(codes[0]), -int(codes[1])
+        return self.world > 1 and code >= 0 and high == low
 
     def close(self) -> None:
         self.log.close()
@@ -1275,7 +1350,7 @@ class _Sharded:
             done = step + 1
             eval_due = (a.eval_every and done % a.eval_every == 0) or done == a.steps
             if self.profiler is not None:
-                self.profiler.before(step)
+                self.profiler.before(done)
             t0 = time.perf_counter()
             self.clock.start_step()
             nxt, waited = None, 0.0
@@ -1300,9 +1375,9 @@ class _Sharded:
             self.step_seconds.append(dt)
             loss_value = loss
             if self.profiler is not None:
-                self.profiler.after(step, last=done == a.steps)
+                self.profiler.after(done, last=done == a.steps)
             record = {
-                "step": step,
+                "step": done,
                 "loss": loss,
                 "samples_per_s": self.plan.batch_size / dt,
                 "step_s": dt,
@@ -1386,7 +1461,7 @@ class _Sharded:
             values = _report_eval(self.log, done, both[0], both[1])
             self.last_eval = values
             if self.scalars is not None and values:
-                self.scalars.eval(done - 1, values)
+                self.scalars.eval(done, values)
 
     # ------------------------------------------------------------------ state
 

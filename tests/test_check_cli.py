@@ -280,10 +280,11 @@ def test_a_field_of_our_own_that_the_spec_determines_is_compared(
     assert "invalid plan (matches-program)" in err and needle in err
 
 
-def test_a_plan_of_another_tool_is_compared_only_on_what_it_gives(planned, capsys) -> None:
-    """Without fields of our own, the loader's defaults (arch sm_90, fixed bags) are not
-    held against the spec."""
-    _, path = planned
+def test_a_plan_without_the_fields_its_spec_determines_is_refused(planned, capsys) -> None:
+    """Without fields of our own, a reader would take the loader's defaults (arch sm_90,
+    fixed bags, lr 0.01) for the spec's: against its spec such a plan is refused naming
+    them (issue 35); without the spec only the contract is checked."""
+    spec, path = planned
     data = json.loads(path.read_text())
     del data["topology"]["arch"], data["model"], data["seed"]
     for f in data["features"]:
@@ -292,6 +293,10 @@ def test_a_plan_of_another_tool_is_compared_only_on_what_it_gives(planned, capsy
         del t["optimizer_params"], t["init"]
     path.write_text(json.dumps(data))
     capsys.readouterr()
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid plan (complete)" in err and "`topology.arch`" in err
+    spec.unlink()
     assert main(["check", str(path)]) == 0, capsys.readouterr().err
 
 

@@ -115,7 +115,7 @@ def test_four_ranks_on_parquet_equal_the_synthetic_run_and_resume_exactly(
         for x in map(json.loads, log.read_text().splitlines())
         if "loss" in x and "eval" not in x and not x.get("summary")
     ]
-    assert [x["step"] for x in steps] == list(range(6))
+    assert [x["step"] for x in steps] == list(range(1, 7))  # steps completed, from 1
     assert all(x["data_wait_s"] >= 0 for x in steps)
 
     resumed = tmp_path / "resumed"
@@ -227,7 +227,7 @@ def test_a_bad_record_read_ahead_stops_the_run_at_its_step(tiny, train, tmp_path
     assert code == 2
     assert f"train.py: error: {data}:{3 * BATCH + 6}: byte " in err
     assert "error: label '7' is not 0 or 1" in err
-    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [0, 1, 2]
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3]
 
 
 def test_sigterm_ends_a_prefetching_run_at_once(tiny, tmp_path):

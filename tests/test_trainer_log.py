@@ -27,7 +27,7 @@ def test_a_terminal_gets_one_redrawn_bar(monkeypatch, tmp_path):
     out = _Terminal()
     monkeypatch.setattr("sys.stdout", out)
     log = _Log(True, total=4, every=1, json_path=tmp_path / "log.jsonl", quiet=False)
-    for step in range(4):
+    for step in range(1, 5):  # steps completed, counted from 1
         log.step(_record(step))
     log.close()
     text = out.getvalue()
@@ -37,14 +37,14 @@ def test_a_terminal_gets_one_redrawn_bar(monkeypatch, tmp_path):
         "[########################] step 4/4  loss 0.50000  1,000 samples/s  2.00 MiB moved" in text
     )
     lines = (tmp_path / "log.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2, 3]
+    assert [json.loads(x)["step"] for x in lines] == [1, 2, 3, 4]
 
 
 def test_a_pipe_gets_a_line_every_n_steps_with_bytes_per_cluster(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
     log = _Log(True, total=5, every=2, json_path=None, quiet=False)
-    for step in range(5):
+    for step in range(1, 6):
         log.step(_record(step))
     lines = out.getvalue().splitlines()
     assert [x.split()[1] for x in lines] == ["2/5", "4/5", "5/5"]
@@ -54,7 +54,7 @@ def test_a_pipe_gets_a_line_every_n_steps_with_bytes_per_cluster(monkeypatch):
 def test_other_ranks_and_quiet_runs_print_no_progress(monkeypatch, tmp_path):
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
-    _Log(False, total=2, every=1, json_path=tmp_path / "x.jsonl", quiet=False).step(_record(0))
+    _Log(False, total=2, every=1, json_path=tmp_path / "x.jsonl", quiet=False).step(_record(1))
     quiet = _Log(True, total=2, every=1, json_path=tmp_path / "q.jsonl", quiet=True)
     quiet.step(_record(1))
     quiet.close()

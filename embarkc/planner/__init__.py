@@ -442,13 +442,14 @@ def warn_ignored_constraints(program: Program, plan: Plan) -> None:
 
 
 def check_against_spec(program: Program, plan: Plan, path: str, *, estimate: bool = True) -> None:
-    """Hold `plan` to every rule of the checker against `program` (`check.check_plan`):
-    the spec's placement constraints are rules for a search's plan, and warnings for a
-    fixed strategy's, which ignores them by design (`embarkc check`, `compile --plan`)."""
+    """Hold `plan`, read from a file, to every rule of the checker against `program`
+    (`check.check_plan`, every field the spec determines given): the spec's placement
+    constraints are rules for a search's plan, and warnings for a fixed strategy's, which
+    ignores them by design (`embarkc check`, `compile --plan`)."""
     from embarkc.planner.check import check_plan
 
     fixed = plan.planner.strategy not in ("embark", "greedy")
-    check_plan(program, plan, path, constraints=not fixed, estimate=estimate)
+    check_plan(program, plan, path, constraints=not fixed, estimate=estimate, complete=True)
     if fixed:
         warn_ignored_constraints(program, plan)
 

@@ -16,6 +16,9 @@ THE RULES (the `rule` field of a Violation)
 * `rule 1` .. `rule 4`, `schema`: the plan-v1 contract itself
   (`embark_runtime.plan.validate_rules`); when one is broken nothing else is checked,
   because the other rules assume a well-formed plan.
+* `complete`: the plan file gives every field the spec determines
+  (`embark_runtime.plan.missing_fields`; docs/plan.md lists those it may leave out), so
+  that no reader falls back on a model's default where the spec says otherwise.
 * `matches-program`: the plan describes the program: the same topology, global batch,
   row partition, tables (rows, dim, dtype, optimizer) and features (table, hotness,
   pooling, access), in the same order; and where the plan gives them, the fields of
@@ -53,6 +56,7 @@ from embark_runtime.optimizers import columns_may_be_cut, optimizer
 from embark_runtime.plan import (
     Plan,
     PlanError,
+    check_complete,
     dense_precision,
     dense_schedule,
     validate_rules,
@@ -128,11 +132,25 @@ def validate_plan(program: Program, plan: Plan, *, constraints: bool = True) -> 
 
 
 def check_plan(
-    program: Program, plan: Plan, path: str, *, constraints: bool = True, estimate: bool = True
+    program: Program,
+    plan: Plan,
+    path: str,
+    *,
+    constraints: bool = True,
+    estimate: bool = True,
+    complete: bool = False,
 ) -> None:
     """Raise an EmbarkError naming every broken rule of `plan` (nothing when it is valid);
-    with `estimate`, then print `estimate_warnings` on stderr."""
+    with `complete` (a plan read from a file as the plan of `program`'s spec), first the
+    fields the spec determines that it lacks (rule `complete`: a reader would take a
+    model's default where the spec may say otherwise); with `estimate`, then print
+    `estimate_warnings` on stderr."""
     bad = validate_plan(program, plan, constraints=constraints)
+    try:
+        if complete:
+            check_complete(plan, path)
+    except PlanError as e:
+        bad.insert(0, Violation(e.rule, e.message))
     if bad:
         raise EmbarkError(
             [Diagnostic(f"invalid plan ({v.rule}): {v.message}", Span.of_file(path)) for v in bad]
@@ -172,7 +190,9 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
         out.append(Violation("matches-program", message, table))
 
     def differ(where: str, got: Any, want: Any, table: str | None = None) -> None:
-        if not _same_value(got, want):
+        if got is None and want is not None:
+            bad(f"{where} is missing, the spec says {_text(want)}", table)
+        elif not _same_value(got, want):
             bad(f"{where} is {_text(got)}, the spec says {_text(want)}", table)
 
     topo, pt = program.topology, plan.topology

@@ -8,7 +8,8 @@
 #               the first node (the rendezvous point), e.g.
 #               MASTER_ADDR=node0 ./launch.sh --steps 1000
 # Overrides (environment): NNODES, NPROC_PER_NODE (their product must be 128),
-# MASTER_ADDR, MASTER_PORT, RDZV_ID, MAX_RESTARTS, OMP_NUM_THREADS, PYTHON.
+# MASTER_ADDR, MASTER_PORT, RDZV_ID, MAX_RESTARTS, OMP_NUM_THREADS, PYTHON,
+# EMBARK_NO_PREFLIGHT (set: skip the one-process check of the arguments before torchrun).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,19 +27,31 @@ if (( NNODES * NPROC_PER_NODE != WORLD_SIZE )); then
     exit 2
 fi
 
+for arg in "$@"; do
+    if [[ "$arg" == "-h" || "$arg" == "--help" ]]; then
+        exec "$PYTHON" "$HERE/train.py" --help
+    fi
+done
+# One process checks the options, the outputs, plan.json, the checkpoint to resume and
+# whether the tables fit this machine first: a mistake is one message and exit code 2,
+# not one per rank followed by torchrun's traceback. EMBARK_NO_PREFLIGHT=1 skips it.
+if [[ -z "${EMBARK_NO_PREFLIGHT:-}" ]]; then
+    LOCAL_WORLD_SIZE="$NPROC_PER_NODE" "$PYTHON" "$HERE/train.py" --preflight "$@" || exit $?
+fi
+
 # one CPU thread per process unless asked otherwise: ranks share the machine's cores
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # fail a hung collective instead of waiting forever, so torchrun can restart the group
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 
 if (( NNODES == 1 )); then
-    exec "$PYTHON" -m torch.distributed.run --standalone --nnodes 1 \
+    exec "$PYTHON" -m embark_runtime.launch --standalone --nnodes 1 \
         --nproc-per-node "$NPROC_PER_NODE" --max-restarts "$MAX_RESTARTS" \
         "$HERE/train.py" "$@"
 fi
 echo "launch.sh: waiting for ${NNODES} nodes to join at ${MASTER_ADDR}:${MASTER_PORT} (run this on every node;" \
     "NNODES=1 NPROC_PER_NODE=${WORLD_SIZE} ./launch.sh runs every rank on this machine)" >&2
-exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
+exec "$PYTHON" -m embark_runtime.launch --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" \
     --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID" \
     --max-restarts "$MAX_RESTARTS" \
     "$HERE/train.py" "$@"
