@@ -334,13 +334,15 @@ class DenseOptimizer(Node):
     eps: float = Field(default=1e-8, gt=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    """L2 penalty added to the gradient (torch's `weight_decay`); not dumped when 0."""
     schedule: Schedule | None = None
     """How the rate changes over the steps; None: constant (not dumped, see
     `_without_unset`)."""
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_unset(handler, self, schedule=None)
+        return _without_unset(handler, self, weight_decay=0.0, schedule=None)
 
 
 Precision = Literal["fp32", "bf16", "fp16"]

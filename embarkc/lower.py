@@ -71,9 +71,9 @@ OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
     "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
 }
 DENSE_OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
-    "sgd": ("lr",),
-    "adagrad": ("lr", "eps"),
-    "adam": ("lr", "beta1", "beta2", "eps"),
+    "sgd": ("lr", "weight_decay"),
+    "adagrad": ("lr", "eps", "weight_decay"),
+    "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
 }
 INTERACTION_PARAMS: dict[str, tuple[str, ...]] = {"dot": (), "dcnv2": ("layers", "low_rank")}
 DECAY_PARAMS: dict[str, tuple[str, ...]] = {

@@ -660,7 +660,8 @@ class _Reference:
         out = self.embeddings(batch.sparse)
         embedded = self.precision.embedded([out[f] for f in self.program.features])
         with self.precision.autocast():
-            return self.model(dense, embedded)
+            logits = self.model(dense, embedded)
+        return self.precision.output(logits)
 
     def run(self) -> int:
         a = self.args
@@ -675,9 +676,7 @@ class _Reference:
             set_rate(self.optimizer, self.program.optimizer.lr, self.schedule, step)
             batch = self.data.global_batch(step)
             _, labels = _tensors(batch, self.device)
-            loss = local_loss(
-                self.precision.output(self._logits(batch)), labels, self.program.global_batch
-            )
+            loss = local_loss(self._logits(batch), labels, self.program.global_batch)
             self.optimizer.zero_grad(set_to_none=True)
             self.precision.backward(loss)
             self.precision.step(self.optimizer)
@@ -1017,7 +1016,9 @@ class _Sharded:
     def _forward(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
-        return self.model(dense, [out[f] for f in self.program.features])
+        with self.precision.autocast():  # evaluated in the precision it trains in
+            logits = self.model(dense, [out[f] for f in self.program.features])
+        return self.precision.output(logits)
 
     def _step(
         self, batch: Any, prefetch: Any | None, failed: bool = False

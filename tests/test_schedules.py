@@ -155,6 +155,7 @@ def test_the_plan_carries_schedules_and_precision_only_when_set():
     plain = _program("table a { rows 100 dim 16 hotness 1 }\n")
     text = plan_to_json(plan_program(plain, solver="greedy"))
     assert "schedule" not in text and "precision" not in text
+    assert "weight_decay" not in json.dumps(json.loads(text)["model"])
     set_ = _program(
         "table a { rows 100 dim 16 hotness 1 schedule { warmup 3 } }\n",
         "model { batch 64 precision bf16 schedule { decay step { every 10 } } }\n",
@@ -322,3 +323,23 @@ def test_check_names_the_schedules_and_precision_only_when_set(tmp_path, capsys)
         "from step 200 to 1000, down to 0" in out
     )
     assert "dense precision       bf16" in out
+
+
+def test_the_dense_optimizer_takes_weight_decay_into_plan_and_train_py(tmp_path):
+    from embarkc.cli import main
+
+    spec = tmp_path / "s.embark"
+    spec.write_text(
+        "hardware { nodes 1 gpus_per_node 2 hbm 1 GiB hbm_bandwidth 100 GB/s nvlink 50 GB/s "
+        "network 10 Gb/s }\ntable a { rows 100 dim 8 hotness 2 }\n"
+        "model { batch 16 dense_features 3 optimizer adam { lr 0.01 weight_decay 0.01 } }\n"
+    )
+    assert main(["compile", str(spec), "-o", str(tmp_path / "out"), "-q"]) == 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["model"]["optimizer"]["weight_decay"] == 0.01
+    assert "    weight_decay=0.01,\n" in (tmp_path / "out" / "train.py").read_text()
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = make_optimizer([p], type("C", (), {"kind": "sgd", "lr": 0.5, "weight_decay": 0.1})())
+    p.grad = torch.zeros(2)
+    opt.step()
+    assert torch.equal(p.detach(), torch.full((2,), 1 - 0.5 * 0.1))
