@@ -13,7 +13,7 @@ later stage (planner, simulator, codegen, diff, report) may rely on without chec
   initialiser, a `Feature` its access distribution, the `Program` its plan options.
 * Values are valid on their own: sizes are positive, dims are positive, hotness is
   positive and no larger than `max_hotness`, probabilities are in range, a `concat`
-  feature has a fixed hotness. Cross-object feasibility (does it fit in memory? do the
+  feature has a fixed hotness, the top MLP ends in 1 (the logit). Cross-object feasibility (does it fit in memory? do the
   constraints contradict each other?) is checked by `lower` and reported as diagnostics,
   so a `Program` that exists is one the planner may try to plan.
 * Every user-written node keeps its source `span` (None only for nodes built in Python,
@@ -361,6 +361,13 @@ class DenseModel(Node):
     precision: Precision = "fp32"
     """The dense model's compute: fp32, or autocast to bf16 or fp16 over fp32 weights
     (fp16 with dynamic loss scaling). Not dumped when fp32 (`_without_unset`)."""
+
+    @model_validator(mode="after")
+    def _top_ends_in_the_logit(self) -> DenseModel:
+        # the trainer adds no layer: the top MLP's last width is the one logit per sample
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError(f"top_mlp {list(self.top_mlp)} must end in 1, the output logit")
+        return self
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -343,3 +343,21 @@ def test_the_dense_optimizer_takes_weight_decay_into_plan_and_train_py(tmp_path)
     p.grad = torch.zeros(2)
     opt.step()
     assert torch.equal(p.detach(), torch.full((2,), 1 - 0.5 * 0.1))
+
+
+def test_a_top_mlp_without_its_logit_is_refused_by_the_ir_the_plan_loader_and_the_runtime():
+    """The trainer no longer adds an output layer: every stage refuses a top MLP whose
+    last width is not 1, naming it."""
+    from embark_runtime.dense import DenseConfig
+    from embark_runtime.plan import PlanError
+    from embarkc import ir
+
+    with pytest.raises(ValidationError, match=r"top_mlp \[8\] must end in 1"):
+        ir.DenseModel(batch_size=64, dense_features=1, top_mlp=(8,))
+    with pytest.raises(ValueError, match=r"top_mlp \[6\] does not end in 1"):
+        DenseConfig(1, (), "dot", (6,), (4,))
+    good = plan_to_json(plan_program(_program("table a { rows 100 dim 16 hotness 1 }\n")))
+    data = json.loads(good)
+    data["model"]["top_mlp"] = [8]
+    with pytest.raises(PlanError, match=r"model.top_mlp.*ends in the model's one logit"):
+        parse_plan(json.dumps(data))
