@@ -81,9 +81,8 @@ class DenseShape:
                 linear(rest, top_in, self.low_rank, bias=False)
                 linear(rest, self.low_rank, top_in)
                 rest.append((0, 2.0 * top_in))  # x0 * (...) + x
-        top = self.top_mlp if self.top_mlp and self.top_mlp[-1] == 1 else (*self.top_mlp, 1)
         a = top_in
-        for w in top:
+        for w in self.top_mlp:  # ends in the logit (the language and plan files insist)
             linear(rest, a, w)
             a = w
         return bottom, rest

@@ -13,7 +13,7 @@ later stage (planner, simulator, codegen, diff, report) may rely on without chec
   initialiser, a `Feature` its access distribution, the `Program` its plan options.
 * Values are valid on their own: sizes are positive, dims are positive, hotness is
   positive and no larger than `max_hotness`, probabilities are in range, a `concat`
-  feature has a fixed hotness. Cross-object feasibility (does it fit in memory? do the
+  feature has a fixed hotness, the top MLP ends in 1 (the logit). Cross-object feasibility (does it fit in memory? do the
   constraints contradict each other?) is checked by `lower` and reported as diagnostics,
   so a `Program` that exists is one the planner may try to plan.
 * Every user-written node keeps its source `span` (None only for nodes built in Python,
@@ -334,13 +334,15 @@ class DenseOptimizer(Node):
     eps: float = Field(default=1e-8, gt=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    """L2 penalty added to the gradient (torch's `weight_decay`); not dumped when 0."""
     schedule: Schedule | None = None
     """How the rate changes over the steps; None: constant (not dumped, see
     `_without_unset`)."""
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_unset(handler, self, schedule=None)
+        return _without_unset(handler, self, weight_decay=0.0, schedule=None)
 
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -359,6 +361,13 @@ class DenseModel(Node):
     precision: Precision = "fp32"
     """The dense model's compute: fp32, or autocast to bf16 or fp16 over fp32 weights
     (fp16 with dynamic loss scaling). Not dumped when fp32 (`_without_unset`)."""
+
+    @model_validator(mode="after")
+    def _top_ends_in_the_logit(self) -> DenseModel:
+        # the trainer adds no layer: the top MLP's last width is the one logit per sample
+        if not self.top_mlp or self.top_mlp[-1] != 1:
+            raise ValueError(f"top_mlp {list(self.top_mlp)} must end in 1, the output logit")
+        return self
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -67,6 +67,8 @@ class DenseOptimizerConfig:
     eps: float = 1e-8
     beta1: float = 0.9
     beta2: float = 0.999
+    weight_decay: float = 0.0
+    """L2 penalty: `weight_decay * w` added to every gradient before the step."""
 
 
 def _mlp(width_in: int, widths: Sequence[int], last_activation: bool) -> nn.Sequential:
@@ -206,12 +208,15 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """The spec's dense optimizer over `params`."""
     plist = list(params)
+    decay = float(getattr(cfg, "weight_decay", 0.0))
     if cfg.kind == "sgd":
-        return torch.optim.SGD(plist, lr=cfg.lr)
+        return torch.optim.SGD(plist, lr=cfg.lr, weight_decay=decay)
     if cfg.kind == "adagrad":
-        return torch.optim.Adagrad(plist, lr=cfg.lr, eps=cfg.eps)
+        return torch.optim.Adagrad(plist, lr=cfg.lr, eps=cfg.eps, weight_decay=decay)
     if cfg.kind == "adam":
-        return torch.optim.Adam(plist, lr=cfg.lr, eps=cfg.eps, betas=(cfg.beta1, cfg.beta2))
+        return torch.optim.Adam(
+            plist, lr=cfg.lr, eps=cfg.eps, betas=(cfg.beta1, cfg.beta2), weight_decay=decay
+        )
     raise ValueError(f"unknown dense optimizer {cfg.kind!r} (sgd, adagrad or adam)")
 
 

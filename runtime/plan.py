@@ -351,6 +351,7 @@ class _OwnDenseOptimizer(_M):
     eps: float = Field(default=1e-8, gt=0)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.999, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
     schedule: Schedule | None = None
     """The dense rate's schedule (embark_runtime.schedules); absent: constant."""
 

@@ -830,7 +830,8 @@ class _Reference:
         out = self.embeddings(batch.sparse)
         embedded = self.precision.embedded([out[f.name] for f in self.plan.features])
         with self.precision.autocast():
-            return self.model(dense, embedded)
+            logits = self.model(dense, embedded)
+        return self.precision.output(logits)
 
     def run(self) -> int:
         a = self.args
@@ -874,9 +875,7 @@ class _Reference:
             set_rate(self.optimizer, self.program.optimizer.lr, self.schedule, step)
             batch, waited = feed.get(step)
             _, labels = _tensors(batch, self.device)
-            loss = local_loss(
-                self.precision.output(self._logits(batch)), labels, self.plan.batch_size
-            )
+            loss = local_loss(self._logits(batch), labels, self.plan.batch_size)
             self.optimizer.zero_grad(set_to_none=True)
             self.precision.backward(loss)
             self.precision.step(self.optimizer)
@@ -1241,7 +1240,9 @@ class _Sharded:
     def _forward(self, batch: Any) -> torch.Tensor:
         dense, _ = _tensors(batch, self.device, self.dtype)
         out = self.embeddings(batch.sparse)
-        return self.model(dense, [out[f.name] for f in self.plan.features])
+        with self.precision.autocast():  # evaluated in the precision it trains in
+            logits = self.model(dense, [out[f.name] for f in self.plan.features])
+        return self.precision.output(logits)
 
     def _step(
         self, batch: Any, prefetch: Any | None, failed: bool = False

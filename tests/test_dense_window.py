@@ -21,9 +21,9 @@ from tests.conftest import ROOT, keys_in_full
 
 SHAPES = [
     # dot with a projected feature, no bottom MLP, dcnv2 (the paper's two interactions)
-    DenseShape(13, (512, 256, 64), "dot", (512, 256), (64, 64, 32, 64)),
+    DenseShape(13, (512, 256, 64), "dot", (512, 256, 1), (64, 64, 32, 64)),
     DenseShape(0, (), "dot", (512, 256, 1), (64,) * 8),
-    DenseShape(13, (512, 256, 128), "dcnv2", (1024, 512, 256), (128,) * 6, 3, 256),
+    DenseShape(13, (512, 256, 128), "dcnv2", (1024, 512, 256, 1), (128,) * 6, 3, 256),
 ]
 
 
@@ -43,7 +43,7 @@ def _torch_model(s: DenseShape) -> DLRMDense:
 
 def test_a_small_model_by_hand() -> None:
     """Bottom 2 -> 4, features of width 4 and 2 (projected to 4), dot, top 7 -> 3 -> 1."""
-    s = DenseShape(2, (4,), "dot", (3,), (4, 2))
+    s = DenseShape(2, (4,), "dot", (3, 1), (4, 2))
     bottom = 2 * 2 * 4 + 2 * 4  # multiply-adds, then bias and ReLU per output
     rest = (
         2 * 2 * 4  # the bias-free projection of the width-2 feature

@@ -169,7 +169,7 @@ def _pinned(text: str) -> str:
 SCHEDULES = (
     (
         "  optimizer adagrad { lr 0.05 }\n}\n\nplan",
-        "  optimizer adam { lr 0.01 }\n"
+        "  optimizer adam { lr 0.01 weight_decay 0.001 }\n"
         "  schedule { warmup 5 decay poly { to 40 power 2 } }\n}\n\nplan",
     ),
     (
@@ -432,10 +432,12 @@ def test_a_bf16_run_trains_and_stays_within_the_documented_bound_of_fp32(
     fp32 reference, step by step."""
     r = torchrun(
         sgd_embark,
-        *("--precision", "bf16", "--steps", str(STEPS), "--eval-batches", "0"),
+        *("--precision", "bf16", "--steps", str(STEPS), "--eval-batches", "2"),
         *("--log-json", str(tmp_path / "s.jsonl"), "--export-embeddings", str(tmp_path / "s.npz")),
     )
     assert "; dense bf16" in r.stdout and "exact" not in r.stdout
+    (evaluation,) = [x for x in _records(tmp_path / "s.jsonl") if x.get("eval")]
+    assert 0 < evaluation["logloss"] < 1 and evaluation["samples"] == 512
     ls, lr = _losses(tmp_path / "s.jsonl"), _losses(sgd_reference / "r.jsonl")
     assert len(ls) == len(lr) == STEPS
     assert sum(ls[-10:]) / 10 < sum(ls[:10]) / 10 - 1e-3

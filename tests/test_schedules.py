@@ -155,6 +155,7 @@ def test_the_plan_carries_schedules_and_precision_only_when_set():
     plain = _program("table a { rows 100 dim 16 hotness 1 }\n")
     text = plan_to_json(plan_program(plain, solver="greedy"))
     assert "schedule" not in text and "precision" not in text
+    assert "weight_decay" not in json.dumps(json.loads(text)["model"])
     set_ = _program(
         "table a { rows 100 dim 16 hotness 1 schedule { warmup 3 } }\n",
         "model { batch 64 precision bf16 schedule { decay step { every 10 } } }\n",
@@ -322,3 +323,41 @@ def test_check_names_the_schedules_and_precision_only_when_set(tmp_path, capsys)
         "from step 200 to 1000, down to 0" in out
     )
     assert "dense precision       bf16" in out
+
+
+def test_the_dense_optimizer_takes_weight_decay_into_plan_and_train_py(tmp_path):
+    from embarkc.cli import main
+
+    spec = tmp_path / "s.embark"
+    spec.write_text(
+        "hardware { nodes 1 gpus_per_node 2 hbm 1 GiB hbm_bandwidth 100 GB/s nvlink 50 GB/s "
+        "network 10 Gb/s }\ntable a { rows 100 dim 8 hotness 2 }\n"
+        "model { batch 16 dense_features 3 optimizer adam { lr 0.01 weight_decay 0.01 } }\n"
+    )
+    assert main(["compile", str(spec), "-o", str(tmp_path / "out"), "-q"]) == 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["model"]["optimizer"]["weight_decay"] == 0.01
+    assert "    weight_decay=0.01,\n" in (tmp_path / "out" / "train.py").read_text()
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = make_optimizer([p], type("C", (), {"kind": "sgd", "lr": 0.5, "weight_decay": 0.1})())
+    p.grad = torch.zeros(2)
+    opt.step()
+    assert torch.equal(p.detach(), torch.full((2,), 1 - 0.5 * 0.1))
+
+
+def test_a_top_mlp_without_its_logit_is_refused_by_the_ir_the_plan_loader_and_the_runtime():
+    """The trainer no longer adds an output layer: every stage refuses a top MLP whose
+    last width is not 1, naming it."""
+    from embark_runtime.dense import DenseConfig
+    from embark_runtime.plan import PlanError
+    from embarkc import ir
+
+    with pytest.raises(ValidationError, match=r"top_mlp \[8\] must end in 1"):
+        ir.DenseModel(batch_size=64, dense_features=1, top_mlp=(8,))
+    with pytest.raises(ValueError, match=r"top_mlp \[6\] does not end in 1"):
+        DenseConfig(1, (), "dot", (6,), (4,))
+    good = plan_to_json(plan_program(_program("table a { rows 100 dim 16 hotness 1 }\n")))
+    data = json.loads(good)
+    data["model"]["top_mlp"] = [8]
+    with pytest.raises(PlanError, match=r"model.top_mlp.*ends in the model's one logit"):
+        parse_plan(json.dumps(data))

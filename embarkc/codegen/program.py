@@ -127,6 +127,8 @@ def program_render_spec(program: Program, plan: Plan, spec_path: str) -> dict[st
         *py_lines("eps=", float(o.eps)),
         *py_lines("beta1=", float(o.beta1)),
         *py_lines("beta2=", float(o.beta2)),
+        # only when set: the programs of specs without it are as before
+        *(py_lines("weight_decay=", float(o.weight_decay)) if o.weight_decay else []),
     ]
 
     memory = plan.memory_by_rank()

@@ -48,9 +48,9 @@ OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
     "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
 }
 DENSE_OPTIMIZER_PARAMS: dict[str, tuple[str, ...]] = {
-    "sgd": ("lr",),
-    "adagrad": ("lr", "eps"),
-    "adam": ("lr", "beta1", "beta2", "eps"),
+    "sgd": ("lr", "weight_decay"),
+    "adagrad": ("lr", "eps", "weight_decay"),
+    "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
 }
 INTERACTION_PARAMS: dict[str, tuple[str, ...]] = {"dot": (), "dcnv2": ("layers", "low_rank")}
 DECAY_PARAMS: dict[str, tuple[str, ...]] = {
@@ -59,6 +59,8 @@ DECAY_PARAMS: dict[str, tuple[str, ...]] = {
     "step": ("from", "every", "factor"),
 }
 """`decay KIND { ... }` of a `schedule`: `from` S, `to` E, `end` the rate from E on."""
+OTHER_DECAYS = frozenset({"cosine", "exponential", "exp", "linear", "constant", "inverse_sqrt"})
+"""Decays other trainers name, which the language has not (or spells otherwise)."""
 DECAY_FIELD = {"from": "start", "to": "end", "end": "end_lr"}
 """The IR's (and plan file's) name of each decay parameter that the language spells
 otherwise (`from`/`to` read as the steps they are)."""
@@ -312,6 +314,17 @@ class LowererBase:
                 )
                 ok = ok and v is not None
                 kw["warmup"] = v
+                continue
+            kind_tok = sub.values[0]
+            if str(kind_tok) not in DECAY_PARAMS and str(kind_tok) in OTHER_DECAYS:
+                # a decay of other trainers: say which this one has, not the nearest word
+                self.error(
+                    f"unknown decay `{kind_tok}`",
+                    span_of(kind_tok, fld.file),
+                    "the decays are `none`, `poly { from to power end }` and `step { from "
+                    "every factor }`; `poly` with power 1 is linear",
+                )
+                ok = False
                 continue
             got = self.attempt(self.kind_with_params, sub, DECAY_PARAMS, "decay")
             if got is None:

@@ -273,6 +273,9 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
             bad(f"{where} is {_text(got)}, the spec says {_text(spec)}")
         # fields written only when set: their absence on either side says fp32, constant
         differ("model.precision", dense_precision(plan), program.model.precision)
+        optimizer = own["model"].get("optimizer") if isinstance(own["model"], dict) else None
+        given = optimizer.get("weight_decay", 0.0) if isinstance(optimizer, dict) else 0.0
+        differ("model.optimizer.weight_decay", given, program.model.optimizer.weight_decay)
         sched = program.model.optimizer.schedule
         want_schedule = sched.runtime() if sched else None
         if dense_schedule(plan) != want_schedule:
