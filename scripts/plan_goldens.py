@@ -48,9 +48,12 @@ QUALITY_CPSAT = 2.0
 
 
 def _workloads() -> Path:
+    """The paper workloads' folder, its links resolved: a plan records its spec's path
+    (`source.spec`), so a checkout that reaches the same folder through a link (a
+    worktree's `shared`) writes the same bytes."""
     for root in (WORKLOADS, Path("/work/shared/workloads")):
         if (root / "t510.json").exists():
-            return root
+            return root.resolve()
     raise SystemExit(f"plan_goldens: the paper workloads are not in {WORKLOADS}")
 
 

@@ -11,6 +11,7 @@ import pytest
 from embark_runtime.plan import dumps_plan
 from embarkc.ir import Access, DenseModel, Feature, Optimizer, Program, Source, Table, Topology
 from embarkc.planner import plan_program
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.cost import CostModel
 from embarkc.planner.cpsat import WHOLE_RANKS, decision_of, refine
 from embarkc.planner.greedy import Decision, greedy
@@ -86,7 +87,8 @@ def test_the_greedys_work_is_counted_the_same_every_time_and_shortens_the_refine
     the plan says which limit would refine when it leaves nothing."""
     from dataclasses import replace
 
-    from embarkc.planner import REFINE_SHARE, no_refine_message, refine_budget
+    from embarkc.planner.budget import REFINE_SHARE, refine_budget
+    from embarkc.planner.pipeline import no_refine_message
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
     a, b = greedy(CostModel(prog)), greedy(CostModel(prog))
@@ -123,8 +125,9 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     assert full.work * 0.2 < a.work < full.work * 0.5
     assert a.step_time >= full.step_time * (1 - 1e-12)
     cm = CostModel(prog)
-    one = greedy(cm, budget=0.0)  # the first start's placement alone
-    assert cm.work_deadline == math.inf  # the budget does not outlive the call
+    meter = WorkMeter(cm.W)
+    one = greedy(cm, budget=0.0, meter=meter)  # the first start's placement alone
+    assert meter.deadline == math.inf  # the budget does not outlive the call
     assert one.stopped and one.work < 0.05 * full.work
     assert one.step_time > a.step_time * 1.05
     assert RUNS_SHARE * budget < a.work
@@ -141,15 +144,15 @@ def test_the_later_starts_descend_only_within_the_runs_share(monkeypatch):
     Its descent now stops at RUNS_SHARE, which leaves the rest to those passes; the first
     start is not cut, and the plan says neither."""
     import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner.greedy import RUNS_SHARE, work_seconds
+    from embarkc.planner.greedy import RUNS_SHARE
 
     prog = program_from_workload(SHARED / "workloads" / "t180.json", nodes=16)
     seen: list[float] = []
     rebalanced = greedy_mod._rebalanced
 
-    def spy(cm, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(work_seconds(cm))
-        return rebalanced(cm, *args, **kwargs)
+    def spy(cm, units, progress, best, meter):  # type: ignore[no-untyped-def]
+        seen.append(meter.seconds())
+        return rebalanced(cm, units, progress, best, meter)
 
     monkeypatch.setattr(greedy_mod, "_rebalanced", spy)
     budget = 0.8
@@ -167,8 +170,7 @@ def test_a_search_whose_last_start_was_cut_at_the_runs_share_says_it_was_cut(mon
     the default 30 s: "a limit of 36 s or more refines the plan", as if a longer limit
     left the greedy as it was)."""
     import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner import no_refine_message
-    from embarkc.planner.greedy import out_of_work
+    from embarkc.planner.pipeline import no_refine_message
 
     prog = program_from_workload(SHARED / "workloads" / "t180.json", nodes=4)
     cut: list[bool] = []
@@ -176,7 +178,7 @@ def test_a_search_whose_last_start_was_cut_at_the_runs_share_says_it_was_cut(mon
 
     def spy(search, limit):  # type: ignore[no-untyped-def]
         found = descend(search, limit)
-        cut.append(out_of_work(search.cm))
+        cut.append(search.meter.spent())
         return found
 
     monkeypatch.setattr(greedy_mod, "_descend", spy)
@@ -293,8 +295,8 @@ def test_the_rest_of_the_command_counts_each_distinct_table_signature(monkeypatc
     30 s limit, and 24 s at 20 s, while the rest counted 5.5 s. The greedy's budget now
     leaves REST_SECONDS_PER_SIGNATURE a signature besides the rest per table; T180's 177
     tables share 14 signatures and keep nearly all of theirs."""
-    import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner import (
+    import embarkc.planner.pipeline as pipeline_mod
+    from embarkc.planner.budget import (
         BASELINE_SECONDS_PER_HEAD,
         REST_SECONDS_PER_SIGNATURE,
         command_reserve,
@@ -304,13 +306,13 @@ def test_the_rest_of_the_command_counts_each_distinct_table_signature(monkeypatc
     from embarkc.workload import generated_program
 
     budgets: list[float | None] = []
-    real = greedy_mod.greedy
+    real = pipeline_mod.greedy
 
-    def spy(cm, progress=None, max_iterations=None, budget=None, fixed=None):  # type: ignore[no-untyped-def]
-        budgets.append(budget)
-        return real(cm, progress, max_iterations, budget, fixed)
+    def spy(cm, **kwargs):  # type: ignore[no-untyped-def]
+        budgets.append(kwargs["budget"])
+        return real(cm, **kwargs)
 
-    monkeypatch.setattr(greedy_mod, "greedy", spy)
+    monkeypatch.setattr(pipeline_mod, "greedy", spy)
     many = generated_program(60, 2, 8)
     t180 = program_from_workload(SHARED / "workloads" / "t180.json", nodes=2)
     assert signature_count(table_facts(many)) == 60
@@ -352,10 +354,10 @@ def test_a_search_cut_in_its_first_start_says_so_and_goes_on_from_a_faster_fixed
     takes column-wise's layout up as a start (`greedy.FixedStart`; the limit leaves it no
     descent), and the plan says both. (With the baselines' time counted per table alone,
     as before their heads were: the heads' 0.08 s no longer leaves them room at 0.7 s.)"""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.budget as budget_mod
     from embarkc.planner.check import validate_plan
 
-    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(budget_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
     plan = plan_program(prog, solver="cp-sat", time_limit=0.7)
     extra = plan.planner.model_extra or {}
@@ -374,11 +376,11 @@ def test_a_search_cut_in_its_first_start_keeps_a_faster_fixed_strategy_it_cannot
     made to say so): the plan is column-wise itself, says so, passes the checker, and is
     the same whether or not the caller records the baselines. At 0.5 s the baselines do
     not fit and the cut plan stays."""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.budget as budget_mod
     import embarkc.planner.greedy as greedy_mod
     from embarkc.planner.check import validate_plan
 
-    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(budget_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
     monkeypatch.setattr(greedy_mod, "_from_fixed", lambda *a: None)
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
@@ -424,10 +426,10 @@ def test_the_fixed_strategy_kept_for_a_cut_search_respects_the_specs_constraints
     """With every table `no_column_split`, column-wise breaks the spec and is not taken;
     table-row-wise, the next, is slower than the cut search's plan, which stays (the
     baselines' time per table alone, as in the test above)."""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.budget as budget_mod
     from embarkc.frontend import load_program
 
-    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(budget_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
     from embarkc.planner.check import validate_plan
     from tests.conftest import ROOT
 

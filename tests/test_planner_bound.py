@@ -20,6 +20,7 @@ from embarkc.ir import (
     Topology,
 )
 from embarkc.planner.bound import _totals, bound_categories, least_memory, lower_bound
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.clusters import Unit, dp_bytes, units_of
 from embarkc.planner.cost import CostModel
 from embarkc.planner.types import Layout, Placement, column_widths
@@ -223,20 +224,23 @@ def test_a_replicated_tables_totals_are_what_a_rank_state_sums_to_the_bit(nodes)
             assert all(float(a.sum()) == 0.0 for pair in links.values() for a in pair)
             want = (float(st.hbm_own.sum()) + cm.W * st.hbm_all) / cm.bw_hbm + cm.W * st.dp_time
             held = float(st.memory().sum())
-            got = _totals(cm, t.name, p)
+            got = _totals(cm, t.name, p, None)
             assert got[:2] == (want, 0.0) and got[2] == pytest.approx(held, rel=1e-12)
 
 
-def test_the_bound_is_costed_once_per_cost_model():
-    """The greedy's bound start and the plan's bound share one costing of every option:
-    the second `lower_bound` adds nothing to the model's count of work and gives the same
-    bound and categories."""
+def test_the_bound_is_costed_once_per_plan():
+    """The greedy's bound start and the plan's bound share one costing of every option,
+    kept on the plan's work meter: the second `lower_bound` adds nothing to its count of
+    work and gives the same bound and categories. Without a meter nothing is counted or
+    kept, and the figures are the same."""
     prog = program_from_workload(SHARED / "workloads" / "t180.json", 4)
     cm = CostModel(prog)
-    cats = bound_categories(cm)
-    additions = cm.additions
-    assert additions > 0
-    lb = lower_bound(cm)
-    assert cm.additions == additions
+    meter = WorkMeter(cm.W)
+    cats = bound_categories(cm, meter)
+    additions = meter.additions
+    assert additions > 0 and meter.bound_options is not None
+    lb = lower_bound(cm, meter)
+    assert meter.additions == additions
     fresh = CostModel(prog)
     assert lower_bound(fresh) == lb and bound_categories(fresh) == cats
+    assert lower_bound(cm) == lb

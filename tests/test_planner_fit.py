@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from embarkc.frontend import load_program_text
 from embarkc.planner import plan_program
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.check import validate_plan
 
 # one GPU of 4 MiB; a table read 100,000 times per sample: sharded (rb or ub), its owner
@@ -150,7 +151,7 @@ def test_a_cluster_beyond_what_the_planner_plans_is_refused_at_its_hardware() ->
     import pytest
 
     from embarkc.diagnostics import EmbarkError
-    from embarkc.planner import MAX_PLANNED_GPUS
+    from embarkc.planner.budget import MAX_PLANNED_GPUS
 
     spec = (
         "hardware { preset dgx_h100 nodes 65536 gpus_per_node 4 }\n"
@@ -197,7 +198,7 @@ table t4 { rows 7549135 dim 16 hotness 2 optimizer sgd pooling sum access zipf(1
 
 def test_a_limit_that_ends_before_any_start_fits_says_so_and_what_is_left() -> None:
     """Starts that find no room are not search work; trying them is held to the greedy's
-    budget all the same (`greedy.placing_seconds`): 200 tables at 97 % took 6.5 s to be
+    budget all the same (`WorkMeter.placing_seconds`): 200 tables at 97 % took 6.5 s to be
     refused at a 3 s limit. A short limit refuses after the starts its budget allows and
     says that a longer one tries the rest; a long one tries every start."""
     import re
@@ -242,7 +243,7 @@ def test_a_start_that_fits_after_one_that_did_not_is_kept_whatever_the_placing(
         return place(search, decisions, deadline)
 
     monkeypatch.setattr(greedy_mod, "_place_splitting", first_fails)
-    monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9 if calls["n"] >= 2 else 0.0)
+    monkeypatch.setattr(WorkMeter, "placing_seconds", lambda meter: 1e9 if calls["n"] >= 2 else 0.0)
     tiny = Path(__file__).resolve().parent.parent / "specs" / "tiny.embark"
     program = load_program_text(tiny.read_text(), str(tiny))
     plan = plan_program(program, solver="greedy", time_limit=30.0, baselines=False)
@@ -261,7 +262,7 @@ def test_a_start_stops_splitting_at_the_budget_while_none_has_fit(monkeypatch) -
     from embarkc.diagnostics import EmbarkError
 
     program = load_program_text(NEAR_FULL, "near_full.embark")
-    monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9)
+    monkeypatch.setattr(WorkMeter, "placing_seconds", lambda meter: 1e9)
     placings = {"n": 0}
     place_all = greedy_mod.Search.place_all
 

@@ -1,5 +1,5 @@
 """The greedy's fixed starts: a fixed strategy faster than every start of the search is
-where the search goes on from (`greedy.FixedStart`, `planner.fixed_start`)."""
+where the search goes on from (`greedy.FixedStart`, `fixed.fixed_start`)."""
 
 from __future__ import annotations
 
@@ -62,13 +62,13 @@ def test_a_fixed_strategy_the_constraints_forbid_is_no_start(constraint: str, mo
     """Column-wise cuts big0 into 4 columns and puts small0 and small1 on two GPUs: with
     either constraint it is no start (the search asks for it, faster than its own starts,
     and is refused it), and the plan keeps the constraint."""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.fixed as fixed_mod
 
     asked: dict[str, bool] = {}
-    offer = planner_mod.fixed_start
+    offer = fixed_mod.fixed_start
 
-    def recorded(program, cm, fixed):  # type: ignore[no-untyped-def]
-        f = offer(program, cm, fixed)
+    def recorded(program, cm, fixed, meter=None):  # type: ignore[no-untyped-def]
+        f = offer(program, cm, fixed, meter)
 
         def layout_of(name: str):  # type: ignore[no-untyped-def]
             layout = f.layout_of(name)
@@ -77,7 +77,7 @@ def test_a_fixed_strategy_the_constraints_forbid_is_no_start(constraint: str, mo
 
         return type(f)(f.times, layout_of)
 
-    monkeypatch.setattr(planner_mod, "fixed_start", recorded)
+    monkeypatch.setattr(fixed_mod, "fixed_start", recorded)
     program = _program(f"plan {{ {constraint} }}")
     plan = plan_program(program, solver="greedy", time_limit=30)
     assert asked == {"column-wise": False}
@@ -114,7 +114,8 @@ def test_a_fixed_start_plans_a_spec_on_which_no_start_fits(monkeypatch) -> None:
 
 def test_a_layout_outside_a_units_constraints_is_not_taken_up() -> None:
     """`_from_fixed` holds the layout to each unit's kinds, grid bounds and node, besides
-    the checker that `planner.fixed_start` runs first."""
+    the checker that `fixed.fixed_start` runs first."""
+    from embarkc.planner.budget import WorkMeter
     from embarkc.planner.clusters import units_of
     from embarkc.planner.greedy import _from_fixed
 
@@ -122,10 +123,11 @@ def test_a_layout_outside_a_units_constraints_is_not_taken_up() -> None:
     cm = CostModel(program)
     units = units_of(cm)
     column_wise = bl.build_layout(cm, "column-wise")
-    assert _from_fixed(cm, units, None, "flat", column_wise, 10) is None
+    assert _from_fixed(cm, units, None, "flat", column_wise, 10, WorkMeter(cm.W)) is None
     free = _program()
     cm_free = CostModel(free)
-    taken = _from_fixed(cm_free, units_of(cm_free), None, "flat", column_wise, 10)
+    meter = WorkMeter(cm_free.W)
+    taken = _from_fixed(cm_free, units_of(cm_free), None, "flat", column_wise, 10, meter)
     assert taken is not None
     assert taken[0] <= cm_free.step_time(column_wise) * (1 + 1e-9)
 
@@ -156,7 +158,7 @@ def test_on_one_node_a_fixed_strategy_is_offered_in_the_specs_communication() ->
     """Fixed strategies lay rb out flat; a spec that names `communication hierarchical`
     forbids flat clusters. On one node the two cost the same, so the strategy's layout is
     offered in the spec's word, at its own step time."""
-    from embarkc.planner import fixed_start
+    from embarkc.planner.fixed import fixed_start
 
     program = _one_node("hierarchical")
     cm = CostModel(program)

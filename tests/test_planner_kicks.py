@@ -52,13 +52,15 @@ def test_kicks_cross_what_no_single_move_of_the_greedy_does() -> None:
 
 
 def test_kicks_stop_at_their_budget() -> None:
-    from embarkc.planner.greedy import greedy, kicked, work_seconds
+    from embarkc.planner.budget import WorkMeter
+    from embarkc.planner.greedy import greedy, kicked
 
     cm = CostModel(_program())
-    g = greedy(cm)
-    before = work_seconds(cm)
-    k = kicked(cm, g, budget=0.05, seed=0)
-    spent = work_seconds(cm) - before
+    meter = WorkMeter(cm.W)
+    g = greedy(cm, meter=meter)
+    before = meter.seconds()
+    k = kicked(cm, g, budget=0.05, seed=0, meter=meter)
+    spent = meter.seconds() - before
     # a kick's descent ends at the budget; the last one can pass it by one evaluation
     assert spent < 0.05 + 0.02
     assert k.kicks >= 1 and k.step_time <= g.step_time

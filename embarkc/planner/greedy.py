@@ -55,6 +55,7 @@ import numpy as np
 
 from embarkc.diagnostics import EmbarkError
 from embarkc.planner.baselines import column_wise_cells
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.clusters import (
     Unit,
     check_fits,
@@ -175,26 +176,6 @@ layouts and 3.372 -> 3.279 ms (step 3.112 -> 3.107) within 16,000, in 1.3 s of C
 
 PHASE_EVALS_LARGE = 4000
 """The same for larger programs (planning time: T510 on 128 GPUs, one pass in 0.55 s)."""
-
-SECONDS_PER_PLACED = 2e-6
-SECONDS_PER_PLACED_RANK = 0.09e-6
-"""CPU seconds per unit or cell `Search.place_all` places (`CostModel.placed`), the first
-plus the second per rank: measured 4.4-6.7 us on 64 GPUs and 8-13 us on 128 on generated
-programs of 200 tables at 97 % of their GPUs' memory, whose every start finds no room
-(bench/results_planner.md, 2026-12-04; taken at the high end). Not search work: it bounds
-only the time spent on starts while none has fit (`_greedy`)."""
-
-SECONDS_PER_EVALUATION = 133e-6
-SECONDS_PER_EVALUATION_RANK = 0.35e-6
-SECONDS_PER_ADDITION = 168e-6
-"""The search's CPU seconds per layout evaluated (`CostModel.evaluations`; the first,
-plus the second per rank) and per table added to or removed from a layout
-(`CostModel.additions`), with the search's own work around them. A least-squares fit to
-the greedy's CPU time on the 12 paper cases (DCNv2, T180, T200, T510 on 8, 32 and 128
-GPUs: 106.1, 0.279 and 134.4 us, each case within 23 %) on the 2-core AMD EPYC
-development VM (2026-12-02, the slower of the two it has run on), times 1.25: at least
-the measured time on all 12. `work_seconds` turns the counts into the deterministic
-time the plan command charges the greedy against its time limit."""
 
 RUNS_SHARE = 0.6
 """Share of a greedy's work budget (`greedy`'s `budget`) after which no further start
@@ -550,8 +531,12 @@ class Search:
         progress: Progress | None = None,
         exact_ref: bool = True,
         ub_comm: str | None = None,
+        *,
+        meter: WorkMeter,
     ):
         self.cm = cm
+        self.meter = meter
+        """Where this search counts its work, and the deadline its passes stop at."""
         self.exact_ref = exact_ref
         self.ub_comm = ub_comm if ub_comm is not None else default_comm(cm, "ub")
         """The communication a unit gets when a move makes it ub (`choose_ub_comm`)."""
@@ -573,7 +558,7 @@ class Search:
         self.layout: Layout = {}
         self.applied: dict[str, _Applied] = {}
         self.decisions: dict[str, Decision] = {}
-        self.state = RankState(self.cm)
+        self.state = RankState(self.cm, self.meter)
 
     def _cells(
         self, u: Unit, d: Decision
@@ -720,7 +705,7 @@ class Search:
                 cells.append((-x, si, ci))
         cells.sort()
         cm = self.cm
-        cm.placed += len(self.units) + len(cells)
+        self.meter.placed += len(self.units) + len(cells)
         # every rank holds every sharded unit's requester buffers
         buffers = sum(v[3] for v in prepared.values())
         if prepared and not self._room_everywhere(buffers):
@@ -869,7 +854,7 @@ class Search:
         cur = self.score()
         best = (cur[1], self.snapshot())
         evals = 0
-        while evals < max_evals and not out_of_work(cm):
+        while evals < max_evals and not self.meter.spent():
             t = self.state.times()
             crit = int(np.argmax(t))
             node = int(cm.node_of[crit])
@@ -898,7 +883,7 @@ class Search:
                         moves = self._cell_moves(name, ci, tr, crit, other, free, first)
                         if moves is None:
                             continue
-                        if evals >= max_evals or out_of_work(cm):
+                        if evals >= max_evals or self.meter.spent():
                             break
                         sc = self._score_moves(moves)
                         evals += 1
@@ -972,7 +957,7 @@ class Search:
         cap = cur[0] if cap is None else cap
         best = (cur[2], self.snapshot())
         evals = 0
-        while evals < max_evals and not out_of_work(cm):
+        while evals < max_evals and not self.meter.spent():
             groups = phase_times(st.components())
             totals = np.sum(groups, axis=0)
             # the phases by how far their slowest rank is above their mean rank
@@ -1006,7 +991,7 @@ class Search:
                         options += [(n2, cj) for _, n2, cj in sorted(on.get(tr, [])) if n2 != name]
                         for other in options:
                             moves = self._cell_moves(name, ci, tr, crit, other, free, True)
-                            if moves is None or evals >= max_evals or out_of_work(cm):
+                            if moves is None or evals >= max_evals or self.meter.spent():
                                 continue
                             sc = self._score_moves(moves, self._phase_score)
                             evals += 1
@@ -1018,7 +1003,7 @@ class Search:
                 if found is not None:
                     break
             if found is None:
-                if out_of_work(cm):
+                if self.meter.spent():
                     break
                 # no cell move helps: re-place or re-grid a whole unit of a phase's
                 # slowest rank
@@ -1249,7 +1234,7 @@ class Search:
         cm = self.cm
         best = self.score()[1]
         for _ in range(rounds):
-            if out_of_work(cm):
+            if self.meter.spent():
                 break  # the time limit
             crit = int(np.argmax(self.state.times()))
             on_crit = {
@@ -1280,7 +1265,7 @@ class Search:
         best = self.score()
         best_seen = (best[1], dict(self.layout), self.snapshot())
         for it in range(max_iterations):
-            if out_of_work(self.cm):
+            if self.meter.spent():
                 break  # the time limit: the best layout seen so far
             times = self.state.times()
             crit = int(np.argmax(times))
@@ -1329,7 +1314,7 @@ class GreedyResult:
     decisions: dict[str, Decision]
     units: list[Unit]
     work: float = 0.0
-    """The search's deterministic work (`work_seconds`), all of it."""
+    """The search's deterministic work (`WorkMeter.seconds`), all of it."""
     phase_work: float = 0.0
     """The part of `work` its `balanced_phases` took."""
     stopped: bool = False
@@ -1347,36 +1332,13 @@ class GreedyResult:
     """The greedy's step time before `kicked` found a faster plan; None when it did not."""
 
 
-def work_seconds(cm: CostModel) -> float:
-    """The search work done on `cm` so far, in CPU seconds of the development machine
-    (SECONDS_PER_EVALUATION): a deterministic count, the same on every machine."""
-    per_eval = SECONDS_PER_EVALUATION + SECONDS_PER_EVALUATION_RANK * cm.W
-    return cm.evaluations * per_eval + cm.additions * SECONDS_PER_ADDITION
-
-
-def placing_seconds(cm: CostModel) -> float:
-    """CPU seconds of the development machine that `Search.place_all` took on `cm` so
-    far (SECONDS_PER_PLACED): a deterministic count, the same on every machine."""
-    return cm.placed * (SECONDS_PER_PLACED + SECONDS_PER_PLACED_RANK * cm.W)
-
-
-def placed_past(cm: CostModel, deadline: float) -> bool:
-    """Whether the search's work and `Search.place_all`'s placing on `cm` together
-    reach `deadline` (the greedy's budget, while no start has fit)."""
-    return work_seconds(cm) + placing_seconds(cm) >= deadline
-
-
-def out_of_work(cm: CostModel) -> bool:
-    """Whether the search has done the work `cm.work_deadline` allows."""
-    return cm.work_deadline != math.inf and work_seconds(cm) >= cm.work_deadline
-
-
 def greedy(
     cm: CostModel,
     progress: Progress | None = None,
     max_iterations: int | None = None,
     budget: float | None = None,
     fixed: FixedStart | None = None,
+    meter: WorkMeter | None = None,
 ) -> GreedyResult:
     """EMBark's greedy search on the cost model `cm` (see the module docstring).
 
@@ -1401,7 +1363,7 @@ def greedy(
     every program's critical path is lowered without raising its step time
     (`balanced_phases`).
 
-    `budget`: the work (`work_seconds`) the search may take, from a time limit. The first
+    `budget`: the work (`WorkMeter.seconds`) the search may take, from a time limit. The first
     start's placement always runs whole; the others start, and their descents run, only
     within RUNS_SHARE of the budget; the first start's descent, the rebalance and the
     phase passes stop where it ends (each with the best layout it has seen). None: no
@@ -1415,25 +1377,25 @@ def greedy(
     four tables of 100M rows cut into 4 columns and ten small ones: the starts end at
     0.184 ms, column-wise is 0.170 ms).
     """
-    start_work = work_seconds(cm)
+    meter = meter if meter is not None else WorkMeter(cm.W)
+    start_work = meter.seconds()
     if budget is None:
-        return _greedy(cm, progress, max_iterations, start_work, fixed=fixed)
-    cm.work_deadline = start_work + budget
-    try:
+        return _greedy(cm, meter, progress, max_iterations, start_work, fixed=fixed)
+    with meter.until(start_work + budget):
         return _greedy(
             cm,
+            meter,
             progress,
             max_iterations,
             start_work,
             start_work + RUNS_SHARE * budget,
             fixed=fixed,
         )
-    finally:
-        cm.work_deadline = math.inf
 
 
 def _greedy(
     cm: CostModel,
+    meter: WorkMeter,
     progress: Progress | None,
     max_iterations: int | None,
     start_work: float,
@@ -1480,7 +1442,7 @@ def _greedy(
             # first start 5.394 ms in 1.2 s; 5,000 tables on 1,024 GPUs 6.184 against 6.872)
             runs = []
         runs += [(col, True) for col in cols]
-    bounded = bound_start(cm, units, starts[0])
+    bounded = bound_start(cm, units, starts[0], meter)
     if bounded is not None and bounded not in starts:
         # the lower bound's kinds: clusters whose fixed costs no unit pays for alone;
         # searched right after the first start, so that a short limit reaches them too
@@ -1532,14 +1494,14 @@ def _greedy(
     limit = max_iterations if max_iterations is not None else 20 * len(units) + 200
     best: tuple[float, Layout, dict[str, Decision]] | None = None
     stopped = first_cut = overran = False
-    deadline = cm.work_deadline
+    deadline = meter.deadline
     refused: EmbarkError | None = None
     refusal: EmbarkError | None = None  # why no start fits, while a fixed start may
     for i, (decisions, exact_ref) in enumerate(runs):
-        if i > 0 and best is not None and work_seconds(cm) >= runs_until:
+        if i > 0 and best is not None and meter.seconds() >= runs_until:
             stopped = True
             break  # the time limit: the rest is for the rebalance and the phase passes
-        if best is None and refused is not None and placed_past(cm, deadline):
+        if best is None and refused is not None and meter.placed_past(deadline):
             # no start has fit, and trying them has taken the greedy's whole budget: the
             # last start's refusal, with the starts left untried (near the memory's end a
             # start can take seconds to fail: 200 tables at 97 % took 6 s at a 3 s limit)
@@ -1549,9 +1511,9 @@ def _greedy(
             break
         if best is not None:
             # the later starts' descents stop where no further start may begin
-            cm.work_deadline = min(deadline, runs_until)
+            meter.deadline = min(deadline, runs_until)
         comm = next((x.comm for x in decisions.values() if x.kind == "ub"), ub_comm)
-        search = Search(cm, units, progress, exact_ref, comm)
+        search = Search(cm, units, progress, exact_ref, comm, meter=meter)
         try:
             # while none has fit, a start also stops splitting at the greedy's budget
             decisions = _place_splitting(search, decisions, deadline if best is None else None)
@@ -1566,15 +1528,15 @@ def _greedy(
         found = _descend(search, limit)
         if best is None:
             # the first start that fits (its descent had the whole budget)
-            first_cut = work_seconds(cm) >= deadline
-        elif out_of_work(cm):
+            first_cut = meter.seconds() >= deadline
+        elif meter.spent():
             stopped = True  # a later start's descent, cut where no further start may begin
         if best is None or found[0] < best[0] * (1 - 1e-9):
             if fits_exactly(cm, found[1]):
                 best = found
             else:
                 overran = True  # the aggregators' buffers of its hierarchical ub
-    cm.work_deadline = deadline
+    meter.deadline = deadline
     from_fixed: str | None = None
     offered = sorted(fixed.times.items(), key=lambda kv: (kv[1], kv[0])) if fixed else []
     layout_of = fixed.layout_of if fixed else None
@@ -1586,17 +1548,17 @@ def _greedy(
         start = layout_of(name) if layout_of else None
         if start is None:
             continue  # the spec's constraints forbid it
-        cm.work_deadline = deadline if best is None else min(deadline, runs_until)
-        taken = _from_fixed(cm, units, progress, ub_comm, start, limit)
-        cm.work_deadline = deadline
+        meter.deadline = deadline if best is None else min(deadline, runs_until)
+        taken = _from_fixed(cm, units, progress, ub_comm, start, limit, meter)
+        meter.deadline = deadline
         if taken is not None and (best is None or taken[0] < best[0] * (1 - 1e-9)):
             best, from_fixed = taken, name
-            stopped = stopped or out_of_work(cm)
+            stopped = stopped or meter.spent()
             break
     auto = cm.program.options.communication == "auto"
     if best is None and overran and auto and not flat_ub:
         return _greedy(
-            cm, progress, max_iterations, start_work, runs_until, flat_ub=True, fixed=fixed
+            cm, meter, progress, max_iterations, start_work, runs_until, flat_ub=True, fixed=fixed
         )
     if best is None and refusal is not None:
         raise refusal from None
@@ -1607,19 +1569,19 @@ def _greedy(
             "buffers of the hierarchical ub aggregators overrun a GPU in every plan found",
             hint="plan with `communication flat` (or auto), lower memory_headroom, or add GPUs",
         )
-    best = (cm.step_time(best[1]), best[1], best[2])  # from scratch: no drift of the sums
+    best = (cm.step_time(best[1], meter), best[1], best[2])  # from scratch: no drift of the sums
     if cm.W > 1 and (len(units) <= FOUR_START_UNITS or cm.W <= COLUMN_ONLY_RANKS):
-        best = _rebalanced(cm, units, progress, best)
-    phase_start = work_seconds(cm)
-    layout = balanced_phases(cm, units, best[1], progress)
-    phase_work = work_seconds(cm) - phase_start
+        best = _rebalanced(cm, units, progress, best, meter)
+    phase_start = meter.seconds()
+    layout = balanced_phases(cm, units, best[1], progress, meter)
+    phase_work = meter.seconds() - phase_start
     if layout is not best[1]:
         decisions = {u.name: decision_of(layout[u.tables[0]]) for u in units}
-        best = (cm.step_time(layout), layout, decisions)
+        best = (cm.step_time(layout, meter), layout, decisions)
     if progress is not None:
         progress("greedy", 1.0, best[0])
-    work = work_seconds(cm) - start_work
-    stopped = stopped or out_of_work(cm)
+    work = meter.seconds() - start_work
+    stopped = stopped or meter.spent()
     return GreedyResult(
         best[1], best[0], best[2], units, work, phase_work, stopped, first_cut, from_fixed
     )
@@ -1643,8 +1605,9 @@ def _from_fixed(
     ub_comm: str,
     layout: Layout,
     limit: int,
+    meter: WorkMeter,
 ) -> tuple[float, Layout, dict[str, Decision]] | None:
-    """The descent (`_descend`, within `cm.work_deadline`) from a fixed strategy's
+    """The descent (`_descend`, within `WorkMeter.deadline`) from a fixed strategy's
     `layout`, or None when the search cannot hold that layout as it is: a unit whose
     tables the strategy placed apart, or a kind or grid outside a unit's constraints.
     Never slower than the layout itself."""
@@ -1662,7 +1625,7 @@ def _from_fixed(
             if u.within_node and len({r // cm.G for r in p.ranks}) > 1:
                 return None
         decisions[u.name] = d
-    search = Search(cm, units, progress, True, ub_comm)
+    search = Search(cm, units, progress, True, ub_comm, meter=meter)
     try:
         search.adopt(decisions, layout)
     except NoRoom:
@@ -1707,9 +1670,10 @@ def kicked(
     budget: float,
     seed: int,
     progress: Progress | None = None,
+    meter: WorkMeter | None = None,
 ) -> GreedyResult:
     """Iterated local search from the greedy plan `g`, within `budget` of work
-    (`work_seconds`): each kick re-decides KICK_UNITS units drawn at random (a random move
+    (`WorkMeter.seconds`): each kick re-decides KICK_UNITS units drawn at random (a random move
     of `Search.candidates` that fits: another grid, kind or communication, or the same
     grid re-placed), then descends and polishes as a start does; a faster plan by the
     full model (`fits_exactly`) whose critical path is no longer than the greedy plan's
@@ -1721,20 +1685,21 @@ def kicked(
     into one, 0.723 -> 0.363 ms). Deterministic for a `seed`."""
     if budget <= 0 or cm.W == 1 or not g.units:
         return g
-    start = work_seconds(cm)
-    saved = cm.work_deadline
+    meter = meter if meter is not None else WorkMeter(cm.W)
+    start = meter.seconds()
+    saved = meter.deadline
     ub = next((d.comm for d in g.decisions.values() if d.kind == "ub"), default_comm(cm, "ub"))
-    search = Search(cm, g.units, progress, True, ub)
+    search = Search(cm, g.units, progress, True, ub, meter=meter)
     search.adopt(g.decisions, g.layout)
     best, best_snap = g.step_time, search.snapshot()
-    path = cm.layout_state(g.layout).critical_path()
+    path = cm.layout_state(g.layout, meter).critical_path()
     rng = random.Random(seed)
     limit = 20 * len(g.units) + 200
     kicks = idle = 0
     try:
         # the kicks stop where a phase pass as long as the greedy's still fits
-        cm.work_deadline = start + max(0.0, budget - g.phase_work)
-        while idle < KICK_PATIENCE and not out_of_work(cm):
+        meter.deadline = start + max(0.0, budget - g.phase_work)
+        while idle < KICK_PATIENCE and not meter.spent():
             search.restore(best_snap)
             for _ in range(KICK_UNITS):
                 u = g.units[rng.randrange(len(g.units))]
@@ -1749,7 +1714,7 @@ def kicked(
             search.polish(rounds=min(POLISH_ROUNDS, limit))
             kicks += 1
             layout = dict(search.layout)
-            st = cm.layout_state(layout)
+            st = cm.layout_state(layout, meter)
             t = st.step_time()
             # as CP-SAT's: a shorter step, not bought with longer waits (item 5 of "How
             # the plan is searched", docs/plan.md)
@@ -1760,24 +1725,24 @@ def kicked(
                 idle += 1
             if progress is not None:
                 progress("random kicks", min(1.0, idle / KICK_PATIENCE), best)
-        work = work_seconds(cm) - start
+        work = meter.seconds() - start
         if not best < g.step_time * (1 - 1e-9):
             return replace(g, work=g.work + work, kicks=kicks)
         search.restore(best_snap)
         layout = dict(search.layout)
-        cm.work_deadline = start + budget
-        phase_start = work_seconds(cm)
-        layout = balanced_phases(cm, g.units, layout, progress)
-        phase_work = work_seconds(cm) - phase_start
+        meter.deadline = start + budget
+        phase_start = meter.seconds()
+        layout = balanced_phases(cm, g.units, layout, progress, meter)
+        phase_work = meter.seconds() - phase_start
     finally:
-        cm.work_deadline = saved
+        meter.deadline = saved
     decisions = {u.name: decision_of(layout[u.tables[0]]) for u in g.units}
     return replace(
         g,
         layout=layout,
-        step_time=cm.step_time(layout),
+        step_time=cm.step_time(layout, meter),
         decisions=decisions,
-        work=g.work + work_seconds(cm) - start,
+        work=g.work + meter.seconds() - start,
         phase_work=max(g.phase_work, phase_work),
         kicks=kicks,
         kicked_from=g.step_time,
@@ -1789,6 +1754,7 @@ def _rebalanced(
     units: list[Unit],
     progress: Progress | None,
     best: tuple[float, Layout, dict[str, Decision]],
+    meter: WorkMeter,
 ) -> tuple[float, Layout, dict[str, Decision]]:
     """`best` with single cells moved off the critical rank (`Search.rebalance`), or as it
     is when no move helps. Programs of up to FOUR_START_UNITS units run both passes (the
@@ -1800,13 +1766,13 @@ def _rebalanced(
     orders = [both, both[::-1]] if len(units) <= FOUR_START_UNITS else [both[1:]]
     out = best
     for order in orders:
-        search = Search(cm, units, progress)
+        search = Search(cm, units, progress, meter=meter)
         search.adopt(best[2], best[1])
         for evals, first in order:
             if evals > 0:
                 search.rebalance(evals, first=first)
         layout = dict(search.layout)
-        t = cm.step_time(layout)
+        t = cm.step_time(layout, meter)
         if t < out[0] * (1 - 1e-9) and fits_exactly(cm, layout):
             out = (t, layout, dict(search.decisions))
     return out
@@ -1829,8 +1795,7 @@ def fits_exactly(cm: CostModel, layout: Layout, state: RankState | None = None) 
     # T510 on 128 GPUs, 0.1 s for 5,000 tables on 1,024) against what its additions count
     # at the searches' incremental rate, and counted it cut T510's later starts at a 2 s
     # limit (4.405 -> 4.696 ms)
-    with cm.uncounted():
-        return float(cm.layout_state(layout).memory().max()) <= cm.capacity
+    return float(cm.layout_state(layout).memory().max()) <= cm.capacity
 
 
 def decision_of(p: Placement) -> Decision:
@@ -1841,15 +1806,20 @@ def decision_of(p: Placement) -> Decision:
 
 
 def balanced_phases(
-    cm: CostModel, units: list[Unit], layout: Layout, progress: Progress | None = None
+    cm: CostModel,
+    units: list[Unit],
+    layout: Layout,
+    progress: Progress | None = None,
+    meter: WorkMeter | None = None,
 ) -> Layout:
     """`layout` after `Search.balance_phases`: a step time no higher (from scratch) and a
     lower critical path, or `layout` itself when no move finds one."""
     if cm.W == 1:
         return layout
+    meter = meter if meter is not None else WorkMeter(cm.W)
     decisions = {u.name: decision_of(layout[u.tables[0]]) for u in units}
     ub = next((d.comm for d in decisions.values() if d.kind == "ub"), None)
-    before = cm.layout_state(layout)
+    before = cm.layout_state(layout, meter)
     out = layout
     before_step, crit = before.step_time(), before.critical_path()
     # a pass ends in the best layout it saw, not where it stopped: from there the next
@@ -1858,16 +1828,16 @@ def balanced_phases(
     # 128 GPUs: 5.001 -> 4.853 ms in 0.55 s of CPU; a second pass, 4.837, as long again)
     passes = PHASE_PASSES if len(units) <= FOUR_START_UNITS else min(PHASE_PASSES, 1)
     for _ in range(passes):
-        if out_of_work(cm):
+        if meter.spent():
             break
-        search = Search(cm, units, progress, ub_comm=ub)
+        search = Search(cm, units, progress, ub_comm=ub, meter=meter)
         search.adopt(decisions, out)
         # the step time may come back up to where it was before the first pass
         search.balance_phases(
             PHASE_EVALS if len(units) <= FOUR_START_UNITS else PHASE_EVALS_LARGE, cap=before_step
         )
         decisions = dict(search.decisions)
-        st = cm.layout_state(search.layout)
+        st = cm.layout_state(search.layout, meter)
         if (
             st.step_time() > before_step
             or st.critical_path() >= crit * (1 - 1e-9)
@@ -2034,7 +2004,7 @@ def hierarchical_start(
 
 
 def bound_start(
-    cm: CostModel, units: list[Unit], start: dict[str, Decision]
+    cm: CostModel, units: list[Unit], start: dict[str, Decision], meter: WorkMeter | None = None
 ) -> dict[str, Decision] | None:
     """Every unit on the kind and communication of its category in the lower bound's
     kind set (`bound.bound_categories`; the spec's communication where it names one) and
@@ -2051,7 +2021,7 @@ def bound_start(
         return None
     from embarkc.planner.bound import bound_categories
 
-    cats = bound_categories(cm)
+    cats = bound_categories(cm, meter)
     auto = cm.program.options.communication == "auto"
     if auto and "ub" in cats.values() and "ub_hier" in cats.values():
         return None
@@ -2087,7 +2057,7 @@ def _descend(search: Search, limit: int) -> tuple[float, Layout, dict[str, Decis
     layout, dec = dict(search.layout), dict(search.decisions)
     # by the search's incremental state (`greedy` re-costs the plan it keeps from scratch)
     best = (search.state.step_time(), layout, dec)
-    if out_of_work(search.cm):
+    if search.meter.spent():
         return best  # the time limit: no re-pack
     try:
         search.place_all(dec)
@@ -2133,7 +2103,7 @@ def _place_splitting(
             search.place_all(decisions)
             return decisions
         except NoRoom as e:
-            if deadline is not None and placed_past(cm, deadline):
+            if deadline is not None and search.meter.placed_past(deadline):
                 search.cut_short = True
                 break
             u = e.unit
