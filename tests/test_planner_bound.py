@@ -189,7 +189,7 @@ def test_dcnv2_on_16_x_8_replicates_its_ten_smallest_tables_at_the_bound(monkeyp
     of them, and a dp cluster for one table alone costs more than its rb cells (its
     collective's latency), so only a start from these kinds plans them so. From it the
     greedy's plan is 0.558 ms instead of 0.633."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
 
     cm = CostModel(program_from_workload(SHARED / "workloads" / "dcnv2.json", 16))
     cats = bound_categories(cm)
@@ -199,11 +199,11 @@ def test_dcnv2_on_16_x_8_replicates_its_ten_smallest_tables_at_the_bound(monkeyp
     assert len(dp) == 10 and max(rows[n] for n in dp) == 1543
     assert all(c == "rb_flat" for n, c in cats.items() if n not in dp)
     assert all(rows[n] > 1543 for n in cats if n not in dp)
-    g = greedy_mod.greedy(cm)
+    g = search_runs.greedy(cm)
     assert round(g.step_time * 1e3, 3) == 0.558
     assert sorted(n for n, p in g.layout.items() if p.kind == "dp") == sorted(dp)
-    monkeypatch.setattr(greedy_mod, "bound_start", lambda *a: None)
-    assert round(greedy_mod.greedy(cm).step_time * 1e3, 3) == 0.633
+    monkeypatch.setattr(search_runs, "bound_start", lambda *a: None)
+    assert round(search_runs.greedy(cm).step_time * 1e3, 3) == 0.633
 
 
 @pytest.mark.parametrize("nodes", [1, 16])

@@ -13,7 +13,7 @@ from embarkc.planner import baselines as bl
 from embarkc.planner.bound import bound_categories, least_memory, lower_bound
 from embarkc.planner.budget import PlanBudget, WorkMeter, greedy_budget
 from embarkc.planner.cost import CommandSize, CostModel
-from embarkc.planner.greedy import greedy
+from embarkc.planner.search.runs import greedy
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED
 

@@ -47,7 +47,7 @@ def test_no_plan_overruns_a_gpu_with_the_aggregators_buffers() -> None:
 
     from embarkc.diagnostics import EmbarkError
     from embarkc.planner.cost import CostModel
-    from embarkc.planner.greedy import greedy
+    from embarkc.planner.search.runs import greedy
 
     roomy = load_program_text(HIERARCHICAL_UB.format(hbm=140_000_000), "ub.embark")
     cm = CostModel(roomy)
@@ -124,21 +124,22 @@ def test_a_start_that_cannot_fit_stops_splitting_once_its_cells_are_fine(monkeyp
     of 2.1 MiB, below 1/32 of the GPU's 100 MiB); before the rule, the all-rb start doubled them to 256
     cells without fitting (and on 4 x 8 GPUs to 12,288, 33 s at a 3 s limit). The plan
     found is the same."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.cells as search_cells
+    import embarkc.planner.search.descent as search_descent
 
     tried: list[int] = []
-    place_all = greedy_mod.Search.place_all
+    place_all = search_cells.Search.place_all
 
     def counting(self, decisions):  # type: ignore[no-untyped-def]
         tried.append(max(d.r * d.c for d in decisions.values()))
         return place_all(self, decisions)
 
-    monkeypatch.setattr(greedy_mod.Search, "place_all", counting)
+    monkeypatch.setattr(search_cells.Search, "place_all", counting)
     program = load_program_text(SPLITS, "splits.embark")
     plan = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 32
     assert validate_plan(program, plan) == []
-    monkeypatch.setattr(greedy_mod, "_split_helps", lambda search, u, d: True)
+    monkeypatch.setattr(search_descent, "_split_helps", lambda search, u, d: True)
     tried.clear()
     old = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 256
@@ -231,18 +232,18 @@ def test_a_start_that_fits_after_one_that_did_not_is_kept_whatever_the_placing(
     placing count passes the budget; the search goes on and returns a plan."""
     from pathlib import Path
 
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
 
     calls = {"n": 0}
-    place = greedy_mod._place_splitting
+    place = search_runs.place_splitting
 
     def first_fails(search, decisions, deadline=None):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
-            raise greedy_mod.EmbarkError.at("x.embark", "no placement fits (made up)")
+            raise search_runs.EmbarkError.at("x.embark", "no placement fits (made up)")
         return place(search, decisions, deadline)
 
-    monkeypatch.setattr(greedy_mod, "_place_splitting", first_fails)
+    monkeypatch.setattr(search_runs, "place_splitting", first_fails)
     monkeypatch.setattr(WorkMeter, "placing_seconds", lambda meter: 1e9 if calls["n"] >= 2 else 0.0)
     tiny = Path(__file__).resolve().parent.parent / "specs" / "tiny.embark"
     program = load_program_text(tiny.read_text(), str(tiny))
@@ -258,24 +259,25 @@ def test_a_start_stops_splitting_at_the_budget_while_none_has_fit(monkeypatch) -
     further."""
     import pytest
 
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.cells as search_cells
+    import embarkc.planner.search.runs as search_runs
     from embarkc.diagnostics import EmbarkError
 
     program = load_program_text(NEAR_FULL, "near_full.embark")
     monkeypatch.setattr(WorkMeter, "placing_seconds", lambda meter: 1e9)
     placings = {"n": 0}
-    place_all = greedy_mod.Search.place_all
+    place_all = search_cells.Search.place_all
 
     def counted(self, decisions):  # type: ignore[no-untyped-def]
         placings["n"] += 1
         return place_all(self, decisions)
 
-    monkeypatch.setattr(greedy_mod.Search, "place_all", counted)
+    monkeypatch.setattr(search_cells.Search, "place_all", counted)
     with pytest.raises(EmbarkError) as e:
         plan_program(program, time_limit=30.0, baselines=False)
     assert e.value.diagnostics[0].message.startswith("the time limit ended the search after 1 of")
     assert placings["n"] == 1  # the first start's first try, and no split after it
-    last = greedy_mod._cut_refusal(EmbarkError.at("x.embark", "no placement fits"), 4, 4)
+    last = search_runs._cut_refusal(EmbarkError.at("x.embark", "no placement fits"), 4, 4)
     d = last.diagnostics[0]
     assert d.message.startswith("the time limit ended the search after 4 of its 4 starts")
     assert d.hint == "a longer --time-limit lets the last start split its tables further"

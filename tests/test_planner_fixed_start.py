@@ -31,7 +31,7 @@ def _program(plan: str = ""):  # type: ignore[no-untyped-def]
 
 
 def test_the_search_goes_on_from_a_fixed_strategy_faster_than_its_own_starts() -> None:
-    from embarkc.planner.greedy import greedy
+    from embarkc.planner.search.runs import greedy
 
     program = _program()
     cm = CostModel(program)
@@ -95,21 +95,21 @@ def test_a_fixed_strategy_the_constraints_forbid_is_no_start(constraint: str, mo
 def test_a_fixed_start_plans_a_spec_on_which_no_start_fits(monkeypatch) -> None:
     """When every start finds no room (made so here), a fixed strategy that fits is the
     start the search takes up; without one the refusal stands."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
 
     def never_fits(search, decisions, deadline=None):  # type: ignore[no-untyped-def]
-        raise greedy_mod.EmbarkError.at("regular.embark", "no placement fits (made up)")
+        raise search_runs.EmbarkError.at("regular.embark", "no placement fits (made up)")
 
-    monkeypatch.setattr(greedy_mod, "_place_splitting", never_fits)
+    monkeypatch.setattr(search_runs, "place_splitting", never_fits)
     program = _program()
     plan = plan_program(program, solver="greedy", time_limit=30)
     extra = plan.planner.model_extra or {}
     assert extra["fixed_start"] == "column-wise"
     assert validate_plan(program, plan) == []
     cm = CostModel(program)
-    forbidden = greedy_mod.FixedStart(bl.baseline_times(cm), lambda name: None)
+    forbidden = search_runs.FixedStart(bl.baseline_times(cm), lambda name: None)
     with pytest.raises(EmbarkError, match="no placement fits \\(made up\\)"):
-        greedy_mod.greedy(cm, fixed=forbidden)
+        search_runs.greedy(cm, fixed=forbidden)
 
 
 def test_a_layout_outside_a_units_constraints_is_not_taken_up() -> None:
@@ -117,7 +117,7 @@ def test_a_layout_outside_a_units_constraints_is_not_taken_up() -> None:
     the checker that `fixed.fixed_start` runs first."""
     from embarkc.planner.budget import WorkMeter
     from embarkc.planner.clusters import units_of
-    from embarkc.planner.greedy import _from_fixed
+    from embarkc.planner.search.runs import _from_fixed
 
     program = _program("plan { table big0 { column_shards ..2 } table small0 { cluster dp } }")
     cm = CostModel(program)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from embarkc.diagnostics import Diagnostic
     from embarkc.ir import Program
     from embarkc.planner.cost import CostModel
-    from embarkc.planner.greedy import GreedyResult
+    from embarkc.planner.search.runs import GreedyResult
     from embarkc.planner.types import Layout
 
 __all__ = [

@@ -20,7 +20,7 @@ from embarkc.planner import baselines as bl
 from embarkc.planner.budget import PlanBudget, WorkMeter
 from embarkc.planner.build import build_plan
 from embarkc.planner.cost import CostModel
-from embarkc.planner.greedy import FixedStart
+from embarkc.planner.search.runs import FixedStart
 from embarkc.planner.types import Layout
 
 

@@ -30,7 +30,7 @@ from embarkc.planner.budget import MAX_PLANNED_GPUS, PlanBudget
 from embarkc.planner.build import build_plan
 from embarkc.planner.cost import CommandSize, CostModel
 from embarkc.planner.fixed import FixedOffer, faster_fixed, fixed_offer
-from embarkc.planner.greedy import GreedyResult, balanced_phases, greedy, kicked
+from embarkc.planner.search import GreedyResult, balanced_phases, greedy, kicked
 from embarkc.planner.types import Layout
 
 Progress = Callable[[str, float, float], None]
