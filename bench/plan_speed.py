@@ -19,7 +19,7 @@
 * mid (--mid): generated programs of 350 to 1,000 tables on 256 to 1,024 GPUs planned as
   `embarkc plan` does at the default 30 s (`plan_program`, deterministic work counts),
   with and without the start on the column-wise strategy's grids
-  (`greedy.fine_column_start`), against the column-wise and table-wise strategies.
+  (`search.starts.fine_column_start`), against the column-wise and table-wise strategies.
 Prints markdown tables (what bench/results_planner.md records).
 """
 
