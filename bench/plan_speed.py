@@ -19,7 +19,7 @@
 * mid (--mid): generated programs of 350 to 1,000 tables on 256 to 1,024 GPUs planned as
   `embarkc plan` does at the default 30 s (`plan_program`, deterministic work counts),
   with and without the start on the column-wise strategy's grids
-  (`greedy.fine_column_start`), against the column-wise and table-wise strategies.
+  (`search.starts.fine_column_start`), against the column-wise and table-wise strategies.
 Prints markdown tables (what bench/results_planner.md records).
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from embarkc.planner import plan_program
 from embarkc.planner.cost import CostModel
-from embarkc.planner.greedy import greedy
+from embarkc.planner.search.runs import greedy
 from embarkc.workload import generated_program, generated_spec, program_from_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,10 +162,10 @@ MID = ((350, 32), (350, 128), (600, 64), (800, 64), (1000, 32), (1000, 64), (100
 
 
 def mid() -> None:
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
     from embarkc.planner import baselines as bl
 
-    real = greedy_mod.fine_column_start
+    real = search_runs.fine_column_start
     print(
         "| tables | GPUs | plan at 30 s (ms) | wall (s) | without the column-wise start (ms) "
         "| wall (s) | column-wise (ms) | table-wise (ms) | lower bound (ms) |"
@@ -175,14 +175,14 @@ def mid() -> None:
         prog = generated_program(tables, nodes, 8)
         cells = []
         for fine in (real, lambda cm, units, start: dict(start)):
-            greedy_mod.fine_column_start = fine
+            search_runs.fine_column_start = fine
             t = time.perf_counter()
             plan = plan_program(prog, time_limit=30.0)
             wall = time.perf_counter() - t
             got = f"{plan.estimate.step_time * 1e3:.3f}"
             fixed = (plan.planner.model_extra or {}).get("fixed_strategy")
             cells += [got + (f" ({fixed})" if fixed else ""), f"{wall:.1f}"]
-        greedy_mod.fine_column_start = real
+        search_runs.fine_column_start = real
         cm = CostModel(prog)
         fixed_times = [
             cm.step_time(bl.build_layout(cm, s)) * 1e3 for s in ("column-wise", "table-wise")

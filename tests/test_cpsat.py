@@ -11,9 +11,11 @@ import pytest
 from embark_runtime.plan import dumps_plan
 from embarkc.ir import Access, DenseModel, Feature, Optimizer, Program, Source, Table, Topology
 from embarkc.planner import plan_program
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.cost import CostModel
 from embarkc.planner.cpsat import WHOLE_RANKS, decision_of, refine
-from embarkc.planner.greedy import Decision, greedy
+from embarkc.planner.search.place import Decision
+from embarkc.planner.search.runs import greedy
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED, keys_in_full
 
@@ -48,9 +50,9 @@ def _crafted() -> Program:
 
 
 def test_refinement_changes_a_suboptimal_grid_and_is_strictly_faster(monkeypatch):
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.finish as search_finish
 
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)  # it may re-grid too
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)  # it may re-grid too
     cm = CostModel(_crafted())
     start = greedy(cm, max_iterations=0)  # greedy's initial grids, before any split
     assert all(p.kind == "rb" and p.cells == 1 for p in start.layout.values())
@@ -86,7 +88,8 @@ def test_the_greedys_work_is_counted_the_same_every_time_and_shortens_the_refine
     the plan says which limit would refine when it leaves nothing."""
     from dataclasses import replace
 
-    from embarkc.planner import REFINE_SHARE, no_refine_message, refine_budget
+    from embarkc.planner.budget import REFINE_SHARE, refine_budget
+    from embarkc.planner.pipeline import no_refine_message
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
     a, b = greedy(CostModel(prog)), greedy(CostModel(prog))
@@ -112,7 +115,7 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     here no faster than the search without a budget (DCNv2 on 32 GPUs, a third of its
     work), and well below the whole search's work. With no budget at all the plan is the
     first start's placement, not descended."""
-    from embarkc.planner.greedy import RUNS_SHARE
+    from embarkc.planner.search.tuning import RUNS_SHARE
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4)
     full = greedy(CostModel(prog))
@@ -123,8 +126,9 @@ def test_a_greedy_budget_cuts_the_later_starts_and_passes_and_is_deterministic()
     assert full.work * 0.2 < a.work < full.work * 0.5
     assert a.step_time >= full.step_time * (1 - 1e-12)
     cm = CostModel(prog)
-    one = greedy(cm, budget=0.0)  # the first start's placement alone
-    assert cm.work_deadline == math.inf  # the budget does not outlive the call
+    meter = WorkMeter(cm.W)
+    one = greedy(cm, budget=0.0, meter=meter)  # the first start's placement alone
+    assert meter.deadline == math.inf  # the budget does not outlive the call
     assert one.stopped and one.work < 0.05 * full.work
     assert one.step_time > a.step_time * 1.05
     assert RUNS_SHARE * budget < a.work
@@ -140,18 +144,18 @@ def test_the_later_starts_descend_only_within_the_runs_share(monkeypatch):
     passes then ran past it (0.83 of 0.80 s of work before the rebalance; 0.51 now).
     Its descent now stops at RUNS_SHARE, which leaves the rest to those passes; the first
     start is not cut, and the plan says neither."""
-    import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner.greedy import RUNS_SHARE, work_seconds
+    import embarkc.planner.search.runs as search_runs
+    from embarkc.planner.search.tuning import RUNS_SHARE
 
     prog = program_from_workload(SHARED / "workloads" / "t180.json", nodes=16)
     seen: list[float] = []
-    rebalanced = greedy_mod._rebalanced
+    rebalanced = search_runs.rebalanced
 
-    def spy(cm, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(work_seconds(cm))
-        return rebalanced(cm, *args, **kwargs)
+    def spy(cm, units, progress, best, meter):  # type: ignore[no-untyped-def]
+        seen.append(meter.seconds())
+        return rebalanced(cm, units, progress, best, meter)
 
-    monkeypatch.setattr(greedy_mod, "_rebalanced", spy)
+    monkeypatch.setattr(search_runs, "rebalanced", spy)
     budget = 0.8
     g = greedy(CostModel(prog), budget=budget)
     assert g.stopped and not g.first_cut
@@ -166,20 +170,19 @@ def test_a_search_whose_last_start_was_cut_at_the_runs_share_says_it_was_cut(mon
     by the limit, and says so; it used to say it was not (the 5,000 generated tables at
     the default 30 s: "a limit of 36 s or more refines the plan", as if a longer limit
     left the greedy as it was)."""
-    import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner import no_refine_message
-    from embarkc.planner.greedy import out_of_work
+    import embarkc.planner.search.runs as search_runs
+    from embarkc.planner.pipeline import no_refine_message
 
     prog = program_from_workload(SHARED / "workloads" / "t180.json", nodes=4)
     cut: list[bool] = []
-    descend = greedy_mod._descend
+    descend = search_runs.descend
 
     def spy(search, limit):  # type: ignore[no-untyped-def]
         found = descend(search, limit)
-        cut.append(out_of_work(search.cm))
+        cut.append(search.meter.spent())
         return found
 
-    monkeypatch.setattr(greedy_mod, "_descend", spy)
+    monkeypatch.setattr(search_runs, "descend", spy)
     g = greedy(CostModel(prog), budget=1.9)
     assert len(cut) == 9 and cut[-1] and not any(cut[:-1]), cut
     assert g.work < 1.9 and not g.first_cut
@@ -194,9 +197,9 @@ def test_a_large_programs_search_starts_from_the_column_wise_grids_too(monkeypat
     GPUs: 6.228 ms against its 5.712). A start on its grids keeps the plan at least as
     fast: 1,050 generated tables on 256 GPUs within 2 s of work 4.978 ms without it,
     4.734 with it, the column-wise strategy's own 4.734."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
     from embarkc.planner import baselines as bl
-    from embarkc.planner.greedy import MULTI_START_UNITS
+    from embarkc.planner.search.tuning import MULTI_START_UNITS
     from embarkc.workload import generated_program
 
     prog = generated_program(1050, 32, 8)
@@ -205,7 +208,7 @@ def test_a_large_programs_search_starts_from_the_column_wise_grids_too(monkeypat
     with_start = greedy(CostModel(prog), budget=2.0).step_time
     # (the greedy's placement of those cells is not the strategy's to the last bit)
     assert with_start <= column_wise * (1 + 1e-6)
-    monkeypatch.setattr(greedy_mod, "fine_column_start", lambda cm, units, start: dict(start))
+    monkeypatch.setattr(search_runs, "fine_column_start", lambda cm, units, start: dict(start))
     without = greedy(CostModel(prog), budget=2.0).step_time
     assert without > column_wise * 1.02, (without, column_wise)
 
@@ -216,15 +219,15 @@ def test_a_mid_sized_program_on_many_ranks_starts_from_the_column_wise_grids_ear
     """Programs of 300 to 1,000 units on more than 256 ranks also start from the
     column-wise grids, right after their first start: 350 generated tables on 1,024 GPUs
     within 3 s of work 1.446 ms without the start, 1.240 with it."""
-    import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner.greedy import FINE_START_RANKS, FOUR_START_UNITS, MULTI_START_UNITS
+    import embarkc.planner.search.runs as search_runs
+    from embarkc.planner.search.tuning import FINE_START_RANKS, FOUR_START_UNITS, MULTI_START_UNITS
     from embarkc.workload import generated_program
 
     prog = generated_program(350, 128, 8)
     assert FOUR_START_UNITS < len(prog.tables) <= MULTI_START_UNITS
     assert prog.topology.world_size > FINE_START_RANKS[1]
     with_start = greedy(CostModel(prog), budget=3.0).step_time
-    monkeypatch.setattr(greedy_mod, "fine_column_start", lambda cm, units, start: dict(start))
+    monkeypatch.setattr(search_runs, "fine_column_start", lambda cm, units, start: dict(start))
     without = greedy(CostModel(prog), budget=3.0).step_time
     assert with_start < without * 0.9, (with_start, without)
 
@@ -233,16 +236,16 @@ def test_the_second_looks_at_the_starts_come_last(monkeypatch):
     """Small programs descend every start twice, the second time with the rough reference
     (cells placed by owner load alone); a limit that cuts the search must reach the other
     starts (the lower bound's, the column starts) first, so the second looks run last."""
-    from embarkc.planner import greedy as gr
+    import embarkc.planner.search.runs as search_runs
 
     order: list[bool] = []
-    descend = gr._descend
+    descend = search_runs.descend
 
     def recording(search, limit):
         order.append(search.exact_ref)
         return descend(search, limit)
 
-    monkeypatch.setattr(gr, "_descend", recording)
+    monkeypatch.setattr(search_runs, "descend", recording)
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=1)
     greedy(CostModel(prog))
     firsts = order.count(True)
@@ -293,8 +296,8 @@ def test_the_rest_of_the_command_counts_each_distinct_table_signature(monkeypatc
     30 s limit, and 24 s at 20 s, while the rest counted 5.5 s. The greedy's budget now
     leaves REST_SECONDS_PER_SIGNATURE a signature besides the rest per table; T180's 177
     tables share 14 signatures and keep nearly all of theirs."""
-    import embarkc.planner.greedy as greedy_mod
-    from embarkc.planner import (
+    import embarkc.planner.pipeline as pipeline_mod
+    from embarkc.planner.budget import (
         BASELINE_SECONDS_PER_HEAD,
         REST_SECONDS_PER_SIGNATURE,
         command_reserve,
@@ -304,13 +307,13 @@ def test_the_rest_of_the_command_counts_each_distinct_table_signature(monkeypatc
     from embarkc.workload import generated_program
 
     budgets: list[float | None] = []
-    real = greedy_mod.greedy
+    real = pipeline_mod.greedy
 
-    def spy(cm, progress=None, max_iterations=None, budget=None, fixed=None):  # type: ignore[no-untyped-def]
-        budgets.append(budget)
-        return real(cm, progress, max_iterations, budget, fixed)
+    def spy(cm, **kwargs):  # type: ignore[no-untyped-def]
+        budgets.append(kwargs["budget"])
+        return real(cm, **kwargs)
 
-    monkeypatch.setattr(greedy_mod, "greedy", spy)
+    monkeypatch.setattr(pipeline_mod, "greedy", spy)
     many = generated_program(60, 2, 8)
     t180 = program_from_workload(SHARED / "workloads" / "t180.json", nodes=2)
     assert signature_count(table_facts(many)) == 60
@@ -352,10 +355,10 @@ def test_a_search_cut_in_its_first_start_says_so_and_goes_on_from_a_faster_fixed
     takes column-wise's layout up as a start (`greedy.FixedStart`; the limit leaves it no
     descent), and the plan says both. (With the baselines' time counted per table alone,
     as before their heads were: the heads' 0.08 s no longer leaves them room at 0.7 s.)"""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.budget as budget_mod
     from embarkc.planner.check import validate_plan
 
-    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(budget_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
     plan = plan_program(prog, solver="cp-sat", time_limit=0.7)
     extra = plan.planner.model_extra or {}
@@ -374,12 +377,12 @@ def test_a_search_cut_in_its_first_start_keeps_a_faster_fixed_strategy_it_cannot
     made to say so): the plan is column-wise itself, says so, passes the checker, and is
     the same whether or not the caller records the baselines. At 0.5 s the baselines do
     not fit and the cut plan stays."""
-    import embarkc.planner as planner_mod
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.budget as budget_mod
+    import embarkc.planner.search.runs as search_runs
     from embarkc.planner.check import validate_plan
 
-    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
-    monkeypatch.setattr(greedy_mod, "_from_fixed", lambda *a: None)
+    monkeypatch.setattr(budget_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(search_runs, "_from_fixed", lambda *a: None)
 
     prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=16)
     plan = plan_program(prog, solver="cp-sat", time_limit=0.7)
@@ -424,10 +427,10 @@ def test_the_fixed_strategy_kept_for_a_cut_search_respects_the_specs_constraints
     """With every table `no_column_split`, column-wise breaks the spec and is not taken;
     table-row-wise, the next, is slower than the cut search's plan, which stays (the
     baselines' time per table alone, as in the test above)."""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.budget as budget_mod
     from embarkc.frontend import load_program
 
-    monkeypatch.setattr(planner_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
+    monkeypatch.setattr(budget_mod, "BASELINE_SECONDS_PER_HEAD", 0.0)
     from embarkc.planner.check import validate_plan
     from tests.conftest import ROOT
 
@@ -463,16 +466,19 @@ def test_the_greedy_polish_leaves_the_norms_local_minimum(monkeypatch):
     heaviest tables to wider grids (5.865 ms). (The planner's own choice here is
     hierarchical ub, whose first start has less work, 4.728 ms a rank against 5.343, but
     whose search ends at 6.075 ms, polished or not.)"""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.descent as search_descent
+    import embarkc.planner.search.finish as search_finish
+    import embarkc.planner.search.runs as search_runs
+    import embarkc.planner.search.starts as search_starts
 
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)  # the figures are the search's
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)  # the figures are the search's
     program = program_from_workload(SHARED / "workloads" / "t510.json", 16)
     cm = CostModel(keys_in_full(program))
-    assert greedy_mod.choose_ub_comm(cm, greedy_mod.units_of(cm)) == "hierarchical"
+    assert search_starts.choose_ub_comm(cm, search_runs.units_of(cm)) == "hierarchical"
     assert round(greedy(cm).step_time * 1e3, 3) == 6.075
-    monkeypatch.setattr(greedy_mod, "choose_ub_comm", lambda cm, units, known=None: "flat")
+    monkeypatch.setattr(search_starts, "choose_ub_comm", lambda cm, units, known=None: "flat")
     polished = greedy(cm).step_time
-    monkeypatch.setattr(greedy_mod, "POLISH_ROUNDS", 0)  # _descend polishes this many rounds
+    monkeypatch.setattr(search_descent, "POLISH_ROUNDS", 0)  # _descend polishes this many rounds
     unpolished = greedy(cm).step_time
     assert round(unpolished * 1e3, 3) == 6.500
     assert polished < unpolished * 0.95, (polished, unpolished)
@@ -629,12 +635,12 @@ def test_plateau_neighbourhoods_free_the_ranks_that_share_the_maximum(monkeypatc
     three ranks lie within 0.2 % of its step time, on three nodes. A plateau
     neighbourhood frees all three; a plain one frees the critical rank and the ranks of
     its units, not the other two, so it cannot lower the step time."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.finish as search_finish
     from embarkc.planner import cpsat
 
-    monkeypatch.setattr(greedy_mod, "REBALANCE_EVALS", 0)
-    monkeypatch.setattr(greedy_mod, "REBALANCE_FIRST_EVALS", 0)
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)
+    monkeypatch.setattr(search_finish, "REBALANCE_EVALS", 0)
+    monkeypatch.setattr(search_finish, "REBALANCE_FIRST_EVALS", 0)
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)
 
     program = program_from_workload(SHARED / "workloads" / "t180.json", nodes=16)
     cm = CostModel(keys_in_full(program))
@@ -696,8 +702,8 @@ def test_a_grid_option_of_one_row_shard_keeps_the_specs_hierarchical_rb():
     spec's rule (the checker's `communication`). One row shard has no partials to reduce,
     so flat is its default under `auto` only."""
     from embarkc.frontend import load_program_text
+    from embarkc.planner.clusters import units_of
     from embarkc.planner.cpsat import grid_options
-    from embarkc.planner.greedy import units_of
     from tests.conftest import small_hardware
 
     def spec(mode: str) -> Program:

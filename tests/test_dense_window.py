@@ -15,7 +15,9 @@ from embarkc.frontend import load_program
 from embarkc.planner import constants as K
 from embarkc.planner import plan_program
 from embarkc.planner.cost import CostModel, dense_shape, layout_of_plan
-from embarkc.planner.greedy import COLUMN_SHARES, column_start, unit_cells
+from embarkc.planner.search.place import unit_cells
+from embarkc.planner.search.starts import column_start
+from embarkc.planner.search.tuning import COLUMN_SHARES
 from embarkc.simulate import dense_parameters, key_window, simulate, step_time_of
 from tests.conftest import ROOT, keys_in_full
 
@@ -166,7 +168,7 @@ def test_the_column_start_cuts_heavy_units_into_cells_of_the_share(share: float)
     program = load_program(ROOT / "specs" / "paper" / "t200.embark")
     cm = CostModel(program)
     from embarkc.planner.clusters import initial_grid, units_of
-    from embarkc.planner.greedy import Decision
+    from embarkc.planner.search.place import Decision
 
     units = units_of(cm)
     start = {u.name: Decision("rb", *initial_grid(cm, u)) for u in units}

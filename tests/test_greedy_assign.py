@@ -1,4 +1,4 @@
-"""`greedy._assign_heaps` (the placement of a unit's cells without numpy calls per cell)
+"""`greedy.assign_heaps` (the placement of a unit's cells without numpy calls per cell)
 against the rule it implements, written here as the plain loop over cells it replaced:
 each cell, in order, to the allowed rank with room of least `ref` (ties to the lower
 rank), among the ranks no cell of the unit holds yet when one of those has room."""
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embarkc.planner.greedy import _assign_heaps, _Full
+from embarkc.planner.search.place import RanksFull, assign_heaps
 
 
 def _loop(mem, free, allowed, order, load_c, mem_c, ref):
@@ -57,11 +57,11 @@ def test_the_heaps_place_every_cell_where_the_loop_does(case) -> None:
     got_ref = ref.copy()
     mem_before = mem.copy()
     if want is None:
-        with pytest.raises(_Full):
-            _assign_heaps(mem, free, allowed, order, load_c, mem_c, got_ref)
+        with pytest.raises(RanksFull):
+            assign_heaps(mem, free, allowed, order, load_c, mem_c, got_ref)
         assert np.array_equal(got_ref, ref)  # nothing changed
     else:
-        got = _assign_heaps(mem, free, allowed, order, load_c, mem_c, got_ref)
+        got = assign_heaps(mem, free, allowed, order, load_c, mem_c, got_ref)
         assert got.tolist() == want.tolist()
         assert np.array_equal(got_ref, want_ref)  # the same sums, to the bit
     assert np.array_equal(mem, mem_before)
@@ -75,6 +75,6 @@ def test_a_rank_without_room_for_any_later_cell_is_dropped_but_one_for_a_smaller
     load_c = np.array([3.0, 2.0, 1.0, 0.5])
     mem_c = np.array([3.0, 3.0, 1.0, 1.0])
     order = np.arange(4)
-    got = _assign_heaps(mem, 10.0, np.ones(3, dtype=bool), order, load_c, mem_c, ref)
+    got = assign_heaps(mem, 10.0, np.ones(3, dtype=bool), order, load_c, mem_c, ref)
     assert got.tolist() == [1, 2, 0, 0]
     assert ref.tolist() == [1.5, 4.0, 4.0]

@@ -6,9 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import embarkc.planner.greedy as greedy_mod
+import embarkc.planner.search.descent as search_descent
+import embarkc.planner.search.finish as search_finish
+import embarkc.planner.search.place as search_place
+import embarkc.planner.search.runs as search_runs
+import embarkc.planner.search.starts as search_starts
 from embarkc.planner.cost import CostModel, owner_seconds
-from embarkc.planner.greedy import Decision, best_node, greedy
+from embarkc.planner.search.place import Decision, best_node
+from embarkc.planner.search.runs import greedy
 from embarkc.planner.types import Placement
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED, keys_in_full
@@ -18,7 +23,7 @@ from tests.conftest import SHARED, keys_in_full
 def _no_phase_pass(monkeypatch):
     """The figures below are the search's before its last pass, which balances the phases
     (`greedy.balanced_phases`, tests/test_phase_balance.py) and may lower them further."""
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)
 
 
 def _model(name: str, nodes: int, window: bool = False) -> CostModel:
@@ -62,7 +67,7 @@ def test_best_node_places_at_most_g_cells_at_once_as_one_by_one():
         load_c = np.sort(rng.integers(0, 5, n).astype(np.float64))[::-1].copy()
         mem_c = rng.integers(0, 3, n).astype(np.float64)
         fast = best_node(cm, ref, mem, 10.0, load_c, mem_c)
-        slow = greedy_mod._best_node_placed(
+        slow = search_place._best_node_placed(
             ref.reshape(cm.nodes, cm.G).copy(),
             mem.reshape(cm.nodes, cm.G).copy(),
             10.0,
@@ -110,9 +115,9 @@ def test_hierarchical_start_keeps_every_row_shard_on_one_node_and_wins_on_t200()
 def test_without_the_hierarchical_start_t200_and_t180_plan_slower(monkeypatch):
     t200, t180 = _model("t200", 16), _model("t180", 4)
     with_start = (greedy(t200).step_time, greedy(t180).step_time)
-    monkeypatch.setattr(greedy_mod, "hierarchical_start", lambda *a: None)
+    monkeypatch.setattr(search_runs, "hierarchical_start", lambda *a: None)
     only_bound = greedy(t180).step_time
-    monkeypatch.setattr(greedy_mod, "bound_start", lambda *a: None)
+    monkeypatch.setattr(search_runs, "bound_start", lambda *a: None)
     without = (greedy(t200).step_time, greedy(t180).step_time)
     assert [round(t * 1e3, 3) for t in with_start] == [4.503, 18.475]
     # without it T200's best plan dedups its ub tables per node (4.679 ms before the
@@ -129,7 +134,7 @@ def test_hierarchical_start_splits_the_units_heavier_than_a_fair_share():
     g = greedy(cm)
     assert round(g.step_time * 1e3, 3) == 5.980
     start = {u.name: Decision("rb", 1, 1) if "rb" in u.kinds else Decision("dp") for u in g.units}
-    hier = greedy_mod.hierarchical_start(cm, g.units, start)
+    hier = search_starts.hierarchical_start(cm, g.units, start)
     assert hier is not None
     load = {
         u.name: sum(
@@ -155,9 +160,9 @@ def test_hierarchical_start_only_where_the_planner_chooses_the_communication():
     cm = _model("dcnv2", 1)
     units = greedy(cm).units
     start = {u.name: Decision("rb") for u in units}
-    assert greedy_mod.hierarchical_start(cm, units, start) is None  # one node
+    assert search_starts.hierarchical_start(cm, units, start) is None  # one node
     cm4 = _model("dcnv2", 4)
-    hier = greedy_mod.hierarchical_start(cm4, units, start)
+    hier = search_starts.hierarchical_start(cm4, units, start)
     assert hier is not None and all(d.comm == "hierarchical" for d in hier.values())
 
 
@@ -172,10 +177,10 @@ def test_descent_and_polish_repeat_while_the_step_time_falls(
     from a hierarchical-ub start in one cycle (with flat ub only, 11.110 -> 11.080 in
     cycles)."""
     cm = _model(name, nodes)
-    monkeypatch.setattr(greedy_mod, "REBALANCE_EVALS", 0)
-    monkeypatch.setattr(greedy_mod, "REBALANCE_FIRST_EVALS", 0)
+    monkeypatch.setattr(search_finish, "REBALANCE_EVALS", 0)
+    monkeypatch.setattr(search_finish, "REBALANCE_FIRST_EVALS", 0)
     cycled = greedy(cm)
-    monkeypatch.setattr(greedy_mod, "DESCENT_CYCLES", 1)
+    monkeypatch.setattr(search_descent, "DESCENT_CYCLES", 1)
     once = greedy(cm)
     assert round(once.step_time * 1e3, 3) == before
     assert round(cycled.step_time * 1e3, 3) == after
@@ -202,7 +207,7 @@ def test_with_the_keys_hidden_the_column_start_packs_t200_and_t510_closer(monkey
     per node, 5.394 -> 4.709 ms with flat ub)."""
     t200, t510 = _model("t200", 16, window=True), _model("t510", 16, window=True)
     with_start = (greedy(t200).step_time, greedy(t510).step_time)
-    monkeypatch.setattr(greedy_mod, "column_start", lambda cm, units, start, share: dict(start))
+    monkeypatch.setattr(search_runs, "column_start", lambda cm, units, start, share: dict(start))
     without = (greedy(t200).step_time, greedy(t510).step_time)
     assert [round(t * 1e3, 3) for t in with_start] == [3.112, 4.405]
     assert [round(t * 1e3, 3) for t in without] == [3.541, 4.653]

@@ -1,4 +1,4 @@
-"""`greedy._place_interleaved` (`Search.place_all`'s placement of all cells, heaviest
+"""`greedy.place_interleaved` (`Search.place_all`'s placement of all cells, heaviest
 first, from lazy heaps) and `greedy._best_node_placed` (a unit's cells on each node, from
 heaps) against the plain numpy loops they replaced, written here as they were: the same
 rank for every cell, the same loads to the bit, the same refusals."""
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import embarkc.planner.greedy as greedy_mod
-from embarkc.planner.greedy import _best_node_placed, _Full, _place_interleaved
+import embarkc.planner.search.place as search_place
+from embarkc.planner.search.place import RanksFull, _best_node_placed, place_interleaved
 
 
 def _loop(loads, mem, free, cells, load_cs, mem_cs, restricted, node_of, node_for):
@@ -35,7 +35,7 @@ def _loop(loads, mem, free, cells, load_cs, mem_cs, restricted, node_of, node_fo
             fresh = room & ~us
             cand = fresh if fresh.any() else room
         if not cand.any():
-            raise _Full(ui)
+            raise RanksFull(ui)
         a = int(np.argmin(np.where(cand, loads, np.inf)))
         out[ui][ci] = a
         if us is not None:
@@ -132,7 +132,7 @@ def _run(fn, case):
             node_of,
             _node_for(choice, loads, nodes, G),
         )
-    except _Full as e:
+    except RanksFull as e:
         return ("full", e.args[0])
     return ([x.tolist() for x in out], loads.tolist(), mem.tolist())
 
@@ -140,7 +140,7 @@ def _run(fn, case):
 @settings(max_examples=600, deadline=None)
 @given(programs())
 def test_the_heaps_place_every_cell_where_the_loop_does(case) -> None:
-    assert _run(_place_interleaved, case) == _run(_loop, case)
+    assert _run(place_interleaved, case) == _run(_loop, case)
 
 
 @settings(max_examples=150, deadline=None)
@@ -148,14 +148,14 @@ def test_the_heaps_place_every_cell_where_the_loop_does(case) -> None:
 def test_the_numpy_rule_taken_at_every_cell_places_as_the_heaps_do(case) -> None:
     """With no heap entries allowed per cell every cell falls back to the numpy rule; with
     one or two, most do after a pop or two: the placement is the same either way."""
-    want = _run(_place_interleaved, case)
-    kept = greedy_mod.HEAP_POPS
+    want = _run(place_interleaved, case)
+    kept = search_place.HEAP_POPS
     try:
         for pops in (0, 1, 2):
-            greedy_mod.HEAP_POPS = pops
-            assert _run(_place_interleaved, case) == want
+            search_place.HEAP_POPS = pops
+            assert _run(place_interleaved, case) == want
     finally:
-        greedy_mod.HEAP_POPS = kept
+        search_place.HEAP_POPS = kept
 
 
 def test_a_unit_of_many_cells_spreads_then_stacks_and_a_full_rank_is_skipped():
@@ -167,7 +167,7 @@ def test_a_unit_of_many_cells_spreads_then_stacks_and_a_full_rank_is_skipped():
     mem_cs = [np.ones(4), np.ones(1)]
     cells = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
     node_of = np.zeros(3, dtype=np.int64)
-    out = _place_interleaved(
+    out = place_interleaved(
         loads, mem, 9.5, cells, load_cs, mem_cs, [False, False], node_of, lambda u: None
     )
     assert [x.tolist() for x in out] == [[0, 2, 0, 2], [0]]
@@ -177,8 +177,8 @@ def test_a_unit_of_many_cells_spreads_then_stacks_and_a_full_rank_is_skipped():
 def test_a_cell_without_room_names_its_unit():
     loads = np.zeros(2)
     mem = np.array([4.0, 4.0])
-    with pytest.raises(_Full) as e:
-        _place_interleaved(
+    with pytest.raises(RanksFull) as e:
+        place_interleaved(
             loads,
             mem,
             5.0,

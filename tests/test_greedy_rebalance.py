@@ -7,11 +7,15 @@ import itertools
 
 import pytest
 
-import embarkc.planner.greedy as greedy_mod
+import embarkc.planner.search.finish as search_finish
+import embarkc.planner.search.place as search_place
+import embarkc.planner.search.runs as search_runs
 from embarkc.frontend import load_program_text
 from embarkc.planner.clusters import units_of
 from embarkc.planner.cost import CostModel
-from embarkc.planner.greedy import Decision, Search, greedy
+from embarkc.planner.search.cells import Search
+from embarkc.planner.search.place import Decision
+from embarkc.planner.search.runs import greedy
 from embarkc.planner.types import Placement
 from embarkc.workload import program_from_workload
 from tests.conftest import SHARED
@@ -70,7 +74,7 @@ def test_a_swap_that_no_whole_unit_move_makes_reaches_the_optimum() -> None:
     assert s.score()[1] == pytest.approx(start, rel=1e-12)
 
     s.adopt(decisions, _layout((0, 0, 1, 1)))
-    t = s.rebalance(greedy_mod.REBALANCE_EVALS)
+    t = s.rebalance(search_finish.REBALANCE_EVALS)
     assert t == pytest.approx(best, rel=1e-9)
     assert cm.step_time(s.layout) == pytest.approx(best, rel=1e-9)
     owners = {name: p.ranks[0] for name, p in s.layout.items()}
@@ -93,7 +97,7 @@ def test_rebalance_never_ends_slower_and_respects_memory_and_its_budget() -> Non
     state = cm.layout_state(s.layout)
     assert float(state.memory().max()) <= cm.capacity
     for u in g.units:
-        if greedy_mod.one_node(u, s.decisions[u.name]):
+        if search_place.one_node(u, s.decisions[u.name]):
             ranks = s.layout[u.tables[0]].rank_list()
             assert len({r // cm.G for r in ranks}) == 1
 
@@ -112,13 +116,13 @@ def test_on_128_gpus_the_column_ladder_and_the_rebalance_lower_t180_and_t200(mon
 
     # the pass that balances the phases comes last, and lowers T180 to 4.178 ms, T200 to 3.107
     assert (ms(t180), ms(t200)) == (4.178, 3.107)
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)
     assert (ms(t180), ms(t200)) == (4.184, 3.112)
-    monkeypatch.setattr(greedy_mod, "REBALANCE_FIRST_EVALS", 0)
+    monkeypatch.setattr(search_finish, "REBALANCE_FIRST_EVALS", 0)
     assert (ms(t180), ms(t200)) == (4.199, 3.112)
-    monkeypatch.setattr(greedy_mod, "REBALANCE_EVALS", 0)
+    monkeypatch.setattr(search_finish, "REBALANCE_EVALS", 0)
     assert (ms(t180), ms(t200)) == (4.241, 3.224)
-    monkeypatch.setattr(greedy_mod, "COLUMN_SHARES", (0.25,))
+    monkeypatch.setattr(search_runs, "COLUMN_SHARES", (0.25,))
     assert (ms(t180), ms(t200)) == (4.544, 3.255)
 
 

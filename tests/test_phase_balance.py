@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import embarkc.planner.greedy as greedy_mod
+import embarkc.planner.search.finish as search_finish
+import embarkc.planner.search.place as search_place
 from embarkc.frontend import load_program
 from embarkc.planner import plan_program
 from embarkc.planner.cost import COMPONENTS, PHASE_GROUPS, CostModel, RankState
-from embarkc.planner.greedy import balanced_phases, greedy
+from embarkc.planner.search.finish import balanced_phases
+from embarkc.planner.search.runs import greedy
 from embarkc.workload import program_from_workload
 from tests.conftest import ROOT, SHARED
 
@@ -50,7 +52,7 @@ def test_the_pass_lowers_t180s_critical_path_and_not_its_step_time(monkeypatch):
     (its network-heavy ranks hold whole wide tables, its HBM-heavy ones the hot
     tables); the pass trades their cells to 4.581 ms at a step time of 4.178 ms."""
     cm = CostModel(program_from_workload(SHARED / "workloads" / "t180.json", 16))
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)
     g = greedy(cm)
     before = cm.layout_state(g.layout)
     assert round(before.step_time() * 1e3, 3) == 4.184
@@ -72,7 +74,7 @@ def test_the_pass_lowers_t180s_critical_path_and_not_its_step_time(monkeypatch):
 @pytest.mark.parametrize("name,nodes", [("dcnv2", 2), ("t200", 2), ("t510", 4)])
 def test_the_pass_never_raises_the_step_time_or_the_critical_path(monkeypatch, name, nodes):
     cm = CostModel(program_from_workload(SHARED / "workloads" / f"{name}.json", nodes))
-    monkeypatch.setattr(greedy_mod, "PHASE_PASSES", 0)
+    monkeypatch.setattr(search_finish, "PHASE_PASSES", 0)
     g = greedy(cm)
     monkeypatch.undo()
     before = cm.layout_state(g.layout)
@@ -82,7 +84,7 @@ def test_the_pass_never_raises_the_step_time_or_the_critical_path(monkeypatch, n
     assert after.critical_path() <= before.critical_path()
     assert (out is g.layout) == (after.critical_path() == before.critical_path())
     for u in g.units:  # one-node units stay on one node
-        if greedy_mod.one_node(u, greedy_mod.decision_of(out[u.tables[0]])):
+        if search_place.one_node(u, search_finish.decision_of(out[u.tables[0]])):
             ranks = out[u.tables[0]].rank_list()
             assert len({r // cm.G for r in ranks}) == 1
 

@@ -20,6 +20,7 @@ from embarkc.ir import (
     Topology,
 )
 from embarkc.planner.bound import _totals, bound_categories, least_memory, lower_bound
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.clusters import Unit, dp_bytes, units_of
 from embarkc.planner.cost import CostModel
 from embarkc.planner.types import Layout, Placement, column_widths
@@ -188,7 +189,7 @@ def test_dcnv2_on_16_x_8_replicates_its_ten_smallest_tables_at_the_bound(monkeyp
     of them, and a dp cluster for one table alone costs more than its rb cells (its
     collective's latency), so only a start from these kinds plans them so. From it the
     greedy's plan is 0.558 ms instead of 0.633."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
 
     cm = CostModel(program_from_workload(SHARED / "workloads" / "dcnv2.json", 16))
     cats = bound_categories(cm)
@@ -198,11 +199,11 @@ def test_dcnv2_on_16_x_8_replicates_its_ten_smallest_tables_at_the_bound(monkeyp
     assert len(dp) == 10 and max(rows[n] for n in dp) == 1543
     assert all(c == "rb_flat" for n, c in cats.items() if n not in dp)
     assert all(rows[n] > 1543 for n in cats if n not in dp)
-    g = greedy_mod.greedy(cm)
+    g = search_runs.greedy(cm)
     assert round(g.step_time * 1e3, 3) == 0.558
     assert sorted(n for n, p in g.layout.items() if p.kind == "dp") == sorted(dp)
-    monkeypatch.setattr(greedy_mod, "bound_start", lambda *a: None)
-    assert round(greedy_mod.greedy(cm).step_time * 1e3, 3) == 0.633
+    monkeypatch.setattr(search_runs, "bound_start", lambda *a: None)
+    assert round(search_runs.greedy(cm).step_time * 1e3, 3) == 0.633
 
 
 @pytest.mark.parametrize("nodes", [1, 16])
@@ -223,20 +224,23 @@ def test_a_replicated_tables_totals_are_what_a_rank_state_sums_to_the_bit(nodes)
             assert all(float(a.sum()) == 0.0 for pair in links.values() for a in pair)
             want = (float(st.hbm_own.sum()) + cm.W * st.hbm_all) / cm.bw_hbm + cm.W * st.dp_time
             held = float(st.memory().sum())
-            got = _totals(cm, t.name, p)
+            got = _totals(cm, t.name, p, None)
             assert got[:2] == (want, 0.0) and got[2] == pytest.approx(held, rel=1e-12)
 
 
-def test_the_bound_is_costed_once_per_cost_model():
-    """The greedy's bound start and the plan's bound share one costing of every option:
-    the second `lower_bound` adds nothing to the model's count of work and gives the same
-    bound and categories."""
+def test_the_bound_is_costed_once_per_plan():
+    """The greedy's bound start and the plan's bound share one costing of every option,
+    kept on the plan's work meter: the second `lower_bound` adds nothing to its count of
+    work and gives the same bound and categories. Without a meter nothing is counted or
+    kept, and the figures are the same."""
     prog = program_from_workload(SHARED / "workloads" / "t180.json", 4)
     cm = CostModel(prog)
-    cats = bound_categories(cm)
-    additions = cm.additions
-    assert additions > 0
-    lb = lower_bound(cm)
-    assert cm.additions == additions
+    meter = WorkMeter(cm.W)
+    cats = bound_categories(cm, meter)
+    additions = meter.additions
+    assert additions > 0 and meter.bound_options is not None
+    lb = lower_bound(cm, meter)
+    assert meter.additions == additions
     fresh = CostModel(prog)
     assert lower_bound(fresh) == lb and bound_categories(fresh) == cats
+    assert lower_bound(cm) == lb

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from embarkc.frontend import load_program_text
 from embarkc.planner import plan_program
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.check import validate_plan
 
 # one GPU of 4 MiB; a table read 100,000 times per sample: sharded (rb or ub), its owner
@@ -46,7 +47,7 @@ def test_no_plan_overruns_a_gpu_with_the_aggregators_buffers() -> None:
 
     from embarkc.diagnostics import EmbarkError
     from embarkc.planner.cost import CostModel
-    from embarkc.planner.greedy import greedy
+    from embarkc.planner.search.runs import greedy
 
     roomy = load_program_text(HIERARCHICAL_UB.format(hbm=140_000_000), "ub.embark")
     cm = CostModel(roomy)
@@ -123,21 +124,22 @@ def test_a_start_that_cannot_fit_stops_splitting_once_its_cells_are_fine(monkeyp
     of 2.1 MiB, below 1/32 of the GPU's 100 MiB); before the rule, the all-rb start doubled them to 256
     cells without fitting (and on 4 x 8 GPUs to 12,288, 33 s at a 3 s limit). The plan
     found is the same."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.cells as search_cells
+    import embarkc.planner.search.descent as search_descent
 
     tried: list[int] = []
-    place_all = greedy_mod.Search.place_all
+    place_all = search_cells.Search.place_all
 
     def counting(self, decisions):  # type: ignore[no-untyped-def]
         tried.append(max(d.r * d.c for d in decisions.values()))
         return place_all(self, decisions)
 
-    monkeypatch.setattr(greedy_mod.Search, "place_all", counting)
+    monkeypatch.setattr(search_cells.Search, "place_all", counting)
     program = load_program_text(SPLITS, "splits.embark")
     plan = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 32
     assert validate_plan(program, plan) == []
-    monkeypatch.setattr(greedy_mod, "_split_helps", lambda search, u, d: True)
+    monkeypatch.setattr(search_descent, "_split_helps", lambda search, u, d: True)
     tried.clear()
     old = plan_program(program, solver="greedy", time_limit=2, baselines=False)
     assert max(tried) == 256
@@ -150,7 +152,7 @@ def test_a_cluster_beyond_what_the_planner_plans_is_refused_at_its_hardware() ->
     import pytest
 
     from embarkc.diagnostics import EmbarkError
-    from embarkc.planner import MAX_PLANNED_GPUS
+    from embarkc.planner.budget import MAX_PLANNED_GPUS
 
     spec = (
         "hardware { preset dgx_h100 nodes 65536 gpus_per_node 4 }\n"
@@ -197,7 +199,7 @@ table t4 { rows 7549135 dim 16 hotness 2 optimizer sgd pooling sum access zipf(1
 
 def test_a_limit_that_ends_before_any_start_fits_says_so_and_what_is_left() -> None:
     """Starts that find no room are not search work; trying them is held to the greedy's
-    budget all the same (`greedy.placing_seconds`): 200 tables at 97 % took 6.5 s to be
+    budget all the same (`WorkMeter.placing_seconds`): 200 tables at 97 % took 6.5 s to be
     refused at a 3 s limit. A short limit refuses after the starts its budget allows and
     says that a longer one tries the rest; a long one tries every start."""
     import re
@@ -230,19 +232,19 @@ def test_a_start_that_fits_after_one_that_did_not_is_kept_whatever_the_placing(
     placing count passes the budget; the search goes on and returns a plan."""
     from pathlib import Path
 
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
 
     calls = {"n": 0}
-    place = greedy_mod._place_splitting
+    place = search_runs.place_splitting
 
     def first_fails(search, decisions, deadline=None):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 1:
-            raise greedy_mod.EmbarkError.at("x.embark", "no placement fits (made up)")
+            raise search_runs.EmbarkError.at("x.embark", "no placement fits (made up)")
         return place(search, decisions, deadline)
 
-    monkeypatch.setattr(greedy_mod, "_place_splitting", first_fails)
-    monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9 if calls["n"] >= 2 else 0.0)
+    monkeypatch.setattr(search_runs, "place_splitting", first_fails)
+    monkeypatch.setattr(WorkMeter, "placing_seconds", lambda meter: 1e9 if calls["n"] >= 2 else 0.0)
     tiny = Path(__file__).resolve().parent.parent / "specs" / "tiny.embark"
     program = load_program_text(tiny.read_text(), str(tiny))
     plan = plan_program(program, solver="greedy", time_limit=30.0, baselines=False)
@@ -257,24 +259,25 @@ def test_a_start_stops_splitting_at_the_budget_while_none_has_fit(monkeypatch) -
     further."""
     import pytest
 
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.cells as search_cells
+    import embarkc.planner.search.runs as search_runs
     from embarkc.diagnostics import EmbarkError
 
     program = load_program_text(NEAR_FULL, "near_full.embark")
-    monkeypatch.setattr(greedy_mod, "placing_seconds", lambda cm: 1e9)
+    monkeypatch.setattr(WorkMeter, "placing_seconds", lambda meter: 1e9)
     placings = {"n": 0}
-    place_all = greedy_mod.Search.place_all
+    place_all = search_cells.Search.place_all
 
     def counted(self, decisions):  # type: ignore[no-untyped-def]
         placings["n"] += 1
         return place_all(self, decisions)
 
-    monkeypatch.setattr(greedy_mod.Search, "place_all", counted)
+    monkeypatch.setattr(search_cells.Search, "place_all", counted)
     with pytest.raises(EmbarkError) as e:
         plan_program(program, time_limit=30.0, baselines=False)
     assert e.value.diagnostics[0].message.startswith("the time limit ended the search after 1 of")
     assert placings["n"] == 1  # the first start's first try, and no split after it
-    last = greedy_mod._cut_refusal(EmbarkError.at("x.embark", "no placement fits"), 4, 4)
+    last = search_runs._cut_refusal(EmbarkError.at("x.embark", "no placement fits"), 4, 4)
     d = last.diagnostics[0]
     assert d.message.startswith("the time limit ended the search after 4 of its 4 starts")
     assert d.hint == "a longer --time-limit lets the last start split its tables further"

@@ -1,5 +1,5 @@
 """The greedy's fixed starts: a fixed strategy faster than every start of the search is
-where the search goes on from (`greedy.FixedStart`, `planner.fixed_start`)."""
+where the search goes on from (`greedy.FixedStart`, `fixed.fixed_start`)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _program(plan: str = ""):  # type: ignore[no-untyped-def]
 
 
 def test_the_search_goes_on_from_a_fixed_strategy_faster_than_its_own_starts() -> None:
-    from embarkc.planner.greedy import greedy
+    from embarkc.planner.search.runs import greedy
 
     program = _program()
     cm = CostModel(program)
@@ -62,13 +62,13 @@ def test_a_fixed_strategy_the_constraints_forbid_is_no_start(constraint: str, mo
     """Column-wise cuts big0 into 4 columns and puts small0 and small1 on two GPUs: with
     either constraint it is no start (the search asks for it, faster than its own starts,
     and is refused it), and the plan keeps the constraint."""
-    import embarkc.planner as planner_mod
+    import embarkc.planner.fixed as fixed_mod
 
     asked: dict[str, bool] = {}
-    offer = planner_mod.fixed_start
+    offer = fixed_mod.fixed_start
 
-    def recorded(program, cm, fixed):  # type: ignore[no-untyped-def]
-        f = offer(program, cm, fixed)
+    def recorded(program, cm, fixed, meter=None):  # type: ignore[no-untyped-def]
+        f = offer(program, cm, fixed, meter)
 
         def layout_of(name: str):  # type: ignore[no-untyped-def]
             layout = f.layout_of(name)
@@ -77,7 +77,7 @@ def test_a_fixed_strategy_the_constraints_forbid_is_no_start(constraint: str, mo
 
         return type(f)(f.times, layout_of)
 
-    monkeypatch.setattr(planner_mod, "fixed_start", recorded)
+    monkeypatch.setattr(fixed_mod, "fixed_start", recorded)
     program = _program(f"plan {{ {constraint} }}")
     plan = plan_program(program, solver="greedy", time_limit=30)
     assert asked == {"column-wise": False}
@@ -95,37 +95,39 @@ def test_a_fixed_strategy_the_constraints_forbid_is_no_start(constraint: str, mo
 def test_a_fixed_start_plans_a_spec_on_which_no_start_fits(monkeypatch) -> None:
     """When every start finds no room (made so here), a fixed strategy that fits is the
     start the search takes up; without one the refusal stands."""
-    import embarkc.planner.greedy as greedy_mod
+    import embarkc.planner.search.runs as search_runs
 
     def never_fits(search, decisions, deadline=None):  # type: ignore[no-untyped-def]
-        raise greedy_mod.EmbarkError.at("regular.embark", "no placement fits (made up)")
+        raise search_runs.EmbarkError.at("regular.embark", "no placement fits (made up)")
 
-    monkeypatch.setattr(greedy_mod, "_place_splitting", never_fits)
+    monkeypatch.setattr(search_runs, "place_splitting", never_fits)
     program = _program()
     plan = plan_program(program, solver="greedy", time_limit=30)
     extra = plan.planner.model_extra or {}
     assert extra["fixed_start"] == "column-wise"
     assert validate_plan(program, plan) == []
     cm = CostModel(program)
-    forbidden = greedy_mod.FixedStart(bl.baseline_times(cm), lambda name: None)
+    forbidden = search_runs.FixedStart(bl.baseline_times(cm), lambda name: None)
     with pytest.raises(EmbarkError, match="no placement fits \\(made up\\)"):
-        greedy_mod.greedy(cm, fixed=forbidden)
+        search_runs.greedy(cm, fixed=forbidden)
 
 
 def test_a_layout_outside_a_units_constraints_is_not_taken_up() -> None:
     """`_from_fixed` holds the layout to each unit's kinds, grid bounds and node, besides
-    the checker that `planner.fixed_start` runs first."""
+    the checker that `fixed.fixed_start` runs first."""
+    from embarkc.planner.budget import WorkMeter
     from embarkc.planner.clusters import units_of
-    from embarkc.planner.greedy import _from_fixed
+    from embarkc.planner.search.runs import _from_fixed
 
     program = _program("plan { table big0 { column_shards ..2 } table small0 { cluster dp } }")
     cm = CostModel(program)
     units = units_of(cm)
     column_wise = bl.build_layout(cm, "column-wise")
-    assert _from_fixed(cm, units, None, "flat", column_wise, 10) is None
+    assert _from_fixed(cm, units, None, "flat", column_wise, 10, WorkMeter(cm.W)) is None
     free = _program()
     cm_free = CostModel(free)
-    taken = _from_fixed(cm_free, units_of(cm_free), None, "flat", column_wise, 10)
+    meter = WorkMeter(cm_free.W)
+    taken = _from_fixed(cm_free, units_of(cm_free), None, "flat", column_wise, 10, meter)
     assert taken is not None
     assert taken[0] <= cm_free.step_time(column_wise) * (1 + 1e-9)
 
@@ -156,7 +158,7 @@ def test_on_one_node_a_fixed_strategy_is_offered_in_the_specs_communication() ->
     """Fixed strategies lay rb out flat; a spec that names `communication hierarchical`
     forbids flat clusters. On one node the two cost the same, so the strategy's layout is
     offered in the spec's word, at its own step time."""
-    from embarkc.planner import fixed_start
+    from embarkc.planner.fixed import fixed_start
 
     program = _one_node("hierarchical")
     cm = CostModel(program)

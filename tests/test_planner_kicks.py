@@ -32,7 +32,9 @@ def _program():  # type: ignore[no-untyped-def]
 
 
 def test_kicks_cross_what_no_single_move_of_the_greedy_does() -> None:
-    from embarkc.planner.greedy import KICK_PATIENCE, greedy, kicked
+    from embarkc.planner.search.kicks import kicked
+    from embarkc.planner.search.runs import greedy
+    from embarkc.planner.search.tuning import KICK_PATIENCE
 
     cm = CostModel(_program())
     g = greedy(cm)
@@ -52,13 +54,16 @@ def test_kicks_cross_what_no_single_move_of_the_greedy_does() -> None:
 
 
 def test_kicks_stop_at_their_budget() -> None:
-    from embarkc.planner.greedy import greedy, kicked, work_seconds
+    from embarkc.planner.budget import WorkMeter
+    from embarkc.planner.search.kicks import kicked
+    from embarkc.planner.search.runs import greedy
 
     cm = CostModel(_program())
-    g = greedy(cm)
-    before = work_seconds(cm)
-    k = kicked(cm, g, budget=0.05, seed=0)
-    spent = work_seconds(cm) - before
+    meter = WorkMeter(cm.W)
+    g = greedy(cm, meter=meter)
+    before = meter.seconds()
+    k = kicked(cm, g, budget=0.05, seed=0, meter=meter)
+    spent = meter.seconds() - before
     # a kick's descent ends at the budget; the last one can pass it by one evaluation
     assert spent < 0.05 + 0.02
     assert k.kicks >= 1 and k.step_time <= g.step_time
@@ -89,7 +94,8 @@ def test_kicks_never_lengthen_the_step_or_the_waits_and_keep_every_rule(program)
     the checker and every invariant of the search's plans; the same seed, the same plan."""
     from embarkc.diagnostics import EmbarkError
     from embarkc.planner import build_plan
-    from embarkc.planner.greedy import greedy, kicked
+    from embarkc.planner.search.kicks import kicked
+    from embarkc.planner.search.runs import greedy
 
     cm = CostModel(program)
     try:

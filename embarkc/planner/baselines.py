@@ -19,7 +19,7 @@ named strategy would do. `plan_program` records the constraints a baseline break
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from embarkc.diagnostics import EmbarkError
 from embarkc.ir import STRATEGIES
 from embarkc.planner.cost import CostModel, owner_seconds
 from embarkc.planner.types import Layout, Placement, column_widths
+
+if TYPE_CHECKING:
+    from embarkc.planner.budget import WorkMeter
 
 FIXED = STRATEGIES[2:]
 
@@ -77,7 +80,7 @@ def column_wise_cells(table: Any, W: int) -> int:
     return max(1, min(W, table.dim // 16))
 
 
-def build_layout(cm: CostModel, name: str) -> Layout:
+def build_layout(cm: CostModel, name: str, meter: WorkMeter | None = None) -> Layout:
     """The layout of fixed strategy `name` (one of FIXED)."""
     prog = cm.program
     W, G = cm.W, cm.G
@@ -111,7 +114,7 @@ def build_layout(cm: CostModel, name: str) -> Layout:
             f"unknown strategy `{name}`",
             hint=f"strategies: {', '.join(STRATEGIES)}",
         )
-    mem = cm.layout_state(layout).memory()
+    mem = cm.layout_state(layout, meter).memory()
     worst = int(np.argmax(mem))
     if mem[worst] > cm.capacity:
         raise _unfit(
@@ -123,12 +126,13 @@ def build_layout(cm: CostModel, name: str) -> Layout:
     return layout
 
 
-def baseline_times(cm: CostModel) -> dict[str, float]:
-    """Step time of every fixed strategy that fits (strategies that do not fit are left out)."""
+def baseline_times(cm: CostModel, meter: WorkMeter | None = None) -> dict[str, float]:
+    """Step time of every fixed strategy that fits (strategies that do not fit are left
+    out); their costing counted on `meter` when given."""
     out: dict[str, float] = {}
     for name in FIXED:
         try:
-            out[name] = cm.step_time(build_layout(cm, name))
+            out[name] = cm.step_time(build_layout(cm, name, meter), meter)
         except EmbarkError:
             continue
     return out

@@ -34,12 +34,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import combinations
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from embarkc.planner.clusters import Unit, dp_bytes, units_of
 from embarkc.planner.cost import HH, CostModel, RankState
 from embarkc.planner.types import Placement, column_widths
+
+if TYPE_CHECKING:
+    from embarkc.planner.budget import WorkMeter
 
 CATEGORIES = ("rb_flat", "rb_hier", "ub", "ub_hier", "dp")
 """The kinds of cluster whose presence decides a rank's latencies (`RankState.counts`)."""
@@ -87,7 +91,9 @@ def _options(cm: CostModel, u: Unit, name: str) -> list[tuple[str, Placement]]:
     return out
 
 
-def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float, float]:
+def _totals(
+    cm: CostModel, name: str, p: Placement, meter: WorkMeter | None = None
+) -> tuple[float, float, float]:
     """(work, keys, held): the seconds table `name` placed as `p` adds to the sum over
     ranks of their HBM, link and dp exchange time and of their key link time, and the
     bytes it adds to the sum of their memory (weights, state, buffers)."""
@@ -98,7 +104,7 @@ def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float, float
         dv = cm.dp_values(cm.facts[name], p.exchange)
         held = W * (dv.weights + dv.state + dv.buf)
         return W * dv.hbm / cm.bw_hbm + W * dv.exchange_time, 0.0, held
-    st = RankState(cm)
+    st = RankState(cm, meter)
     st.add_table(name, p, 1.0)
     held = float(st.memory().sum())
     hbm = float(st.hbm_own.sum()) + W * st.hbm_all
@@ -119,9 +125,9 @@ def _totals(cm: CostModel, name: str, p: Placement) -> tuple[float, float, float
     return work, keys, held
 
 
-def _fixed(cm: CostModel, kinds: tuple[str, ...]) -> float:
+def _fixed(cm: CostModel, kinds: tuple[str, ...], meter: WorkMeter | None) -> float:
     """The mean rank's latencies and kernel launches when the plan has these kinds."""
-    st = RankState(cm)
+    st = RankState(cm, meter)
     for k in kinds:
         st.counts[k] = 1
     return float(st.times().mean())
@@ -131,22 +137,20 @@ _UnitOptions = list[tuple[Unit, list[list[tuple[str, float, float, float]]]]]
 """Each unit with, per table, its options as (category, work, keys, held): `_totals`."""
 
 
-def _unit_options(cm: CostModel, keep: bool = True) -> _UnitOptions:
-    """Each unit with, per table, its options as (category, work, keys, held); computed once
-    per cost model (`CostModel.bound_options`), shared by the greedy's bound start (of
-    programs of up to 300 units) and the plan's bound (1.8 s on 5,000 generated tables).
-    Without `keep`, options not costed yet are costed aside: neither kept nor counted as
-    the search's work (`CostModel.additions`), so the plan does not depend on the call."""
-    if cm.bound_options is not None:
-        return cm.bound_options  # type: ignore[no-any-return]
-    if not keep:
-        with cm.uncounted():
-            return _cost_options(cm)
-    cm.bound_options = _cost_options(cm)
-    return cm.bound_options  # type: ignore[no-any-return]
+def unit_options(cm: CostModel, meter: WorkMeter | None = None) -> _UnitOptions:
+    """Each unit with, per table, its options as (category, work, keys, held). With a
+    `meter` (a plan's search), costed once per plan and kept on the meter, counted the
+    first time: shared by the greedy's bound start (of programs of up to 300 units) and
+    the plan's bound (1.8 s on 5,000 generated tables). Without one, costed afresh and
+    counted nowhere."""
+    if meter is None:
+        return _cost_options(cm, None)
+    if meter.bound_options is None:
+        meter.bound_options = _cost_options(cm, meter)
+    return meter.bound_options  # type: ignore[no-any-return]
 
 
-def _cost_options(cm: CostModel) -> _UnitOptions:
+def _cost_options(cm: CostModel, meter: WorkMeter | None) -> _UnitOptions:
     out: _UnitOptions = []
     seen: dict[tuple[object, ...], list[tuple[str, float, float, float]]] = {}
     for u in units_of(cm):
@@ -156,19 +160,20 @@ def _cost_options(cm: CostModel) -> _UnitOptions:
             key = (cm.facts[name].cache_key(u.min_r), u.kinds, u.min_r, u.min_c)
             got = seen.get(key)
             if got is None:
-                got = [(cat, *_totals(cm, name, p)) for cat, p in _options(cm, u, name)]
+                got = [(cat, *_totals(cm, name, p, meter)) for cat, p in _options(cm, u, name)]
                 seen[key] = got
             rows.append(got)
         out.append((u, rows))
     return out
 
 
-def lower_bound(cm: CostModel) -> LowerBound:
-    """The least step time any plan of `cm.program` can have by the cost model `cm`."""
-    return _lower_bound(cm, _unit_options(cm))
+def lower_bound(cm: CostModel, meter: WorkMeter | None = None) -> LowerBound:
+    """The least step time any plan of `cm.program` can have by the cost model `cm`
+    (`meter`: the plan's, whose options the greedy's bound start may have costed)."""
+    return _lower_bound(cm, unit_options(cm, meter), meter)
 
 
-def _lower_bound(cm: CostModel, units: _UnitOptions) -> LowerBound:
+def _lower_bound(cm: CostModel, units: _UnitOptions, meter: WorkMeter | None) -> LowerBound:
     rows = [opts for _, per_table in units for opts in per_table]
     W = cm.W
     # per table and category, its least work and least keys (inf: not allowed); a kind
@@ -193,7 +198,7 @@ def _lower_bound(cm: CostModel, units: _UnitOptions) -> LowerBound:
             work = sum(works.tolist(), 0.0)
             keys = sum(least_keys[:, cols].min(axis=1).tolist(), 0.0)
             beyond = float(cm.keys_beyond_window(np.array([keys / W]))[0])
-            fixed = _fixed(cm, kinds)
+            fixed = _fixed(cm, kinds, meter)
             t = work / W + beyond + fixed
             if best is None or t < best.step_time:
                 best = LowerBound(t, kinds, work / W, beyond, fixed)
@@ -209,17 +214,17 @@ def least_memory(cm: CostModel) -> float:
     grid holds the least of its kind: a row split adds a partial per sample and row shard
     to the buffers, a column split the keys per cell (and rowwise_adagrad's row state per
     cell); a dp table is one replica on every GPU. From the options the bound costs
-    (`_unit_options`), costed aside when the bound has not costed them yet."""
+    (`unit_options`), costed aside and counted nowhere; memoised on `cm`."""
     if cm.least_held is None:
         total = 0.0
-        for _, per_table in _unit_options(cm, keep=False):
+        for _, per_table in unit_options(cm):
             for opts in per_table:
                 total += min(held for _, _, _, held in opts)
         cm.least_held = total / cm.W
     return cm.least_held
 
 
-def bound_categories(cm: CostModel) -> dict[str, str]:
+def bound_categories(cm: CostModel, meter: WorkMeter | None = None) -> dict[str, str]:
     """Each unit's category (of CATEGORIES) in the kind set the lower bound is reached
     with: the one of that set in which the unit's tables cost least work over all ranks
     (their keys, then the order of CATEGORIES, break ties). A plan of these kinds whose
@@ -227,8 +232,8 @@ def bound_categories(cm: CostModel) -> dict[str, str]:
     (`greedy.bound_start`) that no single unit's move reaches when the kinds share a
     cluster's fixed costs: on DLRM-DCNv2 at 16 x 8 GPUs the ten smallest tables dp and the
     others rb, where each table alone is cheaper as rb than in a dp cluster of its own."""
-    units = _unit_options(cm)
-    lb = _lower_bound(cm, units)
+    units = unit_options(cm, meter)
+    lb = _lower_bound(cm, units, meter)
     out: dict[str, str] = {}
     for u, per_table in units:
         best: tuple[float, float, int] | None = None

@@ -72,6 +72,9 @@ __all__ = [
     "constraint_violations",
     "estimate_warnings",
     "format_number",
+    "ignored_constraints",
+    "warn_ignored_constraints",
+    "check_against_spec",
 ]
 
 
@@ -377,7 +380,7 @@ def estimate_warnings(program: Program, plan: Plan, path: str) -> list[Diagnosti
     computes for the layout and `program`: every rank's memory_bytes (counted from the
     cells) and time, the step time, critical path and components (the cost model). Assumes
     `plan` describes `program` (`validate_plan` found nothing)."""
-    from embarkc.planner import layout_is_stale
+    from embarkc.planner.build import layout_is_stale
     from embarkc.planner.cost import CostModel
 
     if layout_is_stale(plan) is not False:
@@ -566,3 +569,36 @@ def constraint_violations(program: Program, plan: Plan) -> list[Violation]:
 
 def _bounds(lo: int, hi: int | None) -> str:
     return f"{lo} to {hi}" if hi is not None else f"at least {lo}"
+
+
+def ignored_constraints(program: Program, plan: Plan) -> list[Diagnostic]:
+    """A warning, at the constraint in the spec, for every constraint of the spec that
+    `plan`'s fixed strategy does not honour (none for the search: it honours them all)."""
+    strategy = plan.planner.strategy
+    if strategy in ("embark", "greedy"):
+        return []
+    return [
+        Diagnostic(
+            f"the fixed strategy {strategy} ignores this constraint: {v.message}",
+            v.span or Span.of_file(program.sources[0].path),
+            hint="plan with the search (--strategy embark) to honour every constraint",
+            severity="warning",
+        )
+        for v in constraint_violations(program, plan)
+    ]
+
+
+def warn_ignored_constraints(program: Program, plan: Plan) -> None:
+    """Print `ignored_constraints` on stderr, each with its line of the spec."""
+    print_warnings(ignored_constraints(program, plan))
+
+
+def check_against_spec(program: Program, plan: Plan, path: str, *, estimate: bool = True) -> None:
+    """Hold `plan`, read from a file, to every rule of the checker against `program`
+    (`check_plan`, every field the spec determines given): the spec's placement
+    constraints are rules for a search's plan, and warnings for a fixed strategy's, which
+    ignores them by design (`embarkc check`, `compile --plan`)."""
+    fixed = plan.planner.strategy not in ("embark", "greedy")
+    check_plan(program, plan, path, constraints=not fixed, estimate=estimate, complete=True)
+    if fixed:
+        warn_ignored_constraints(program, plan)

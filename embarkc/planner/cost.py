@@ -32,12 +32,9 @@ capped at the shard's rows).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +46,9 @@ from embarkc.ir import Program, Table
 from embarkc.planner import collectives as coll
 from embarkc.planner import constants as K
 from embarkc.planner.types import Layout, Placement
+
+if TYPE_CHECKING:
+    from embarkc.planner.budget import WorkMeter
 
 HEAD_RANKS = 1 << 16
 """Zipf ranks whose probabilities are summed exactly when a table is row-split (their keys
@@ -481,37 +481,13 @@ class CostModel:
         self._exchange: dict[tuple[Any, ...], str] = {}
         self._grid: dict[tuple[Any, ...], CellValues] = {}
         self.unit_cache: dict[tuple[Any, ...], Any] = {}
-        """The search's cell loads, memory and templates per (unit, grid decision)."""
+        """Memo of the search's cell loads, memory and templates per (unit, grid
+        decision) (`Search.prepare`): a pure function of the program, read-only."""
         self.least_held: float | None = None
-        """`bound.least_memory`, once computed (a refusal's message, at each start)."""
-        self.bound_options: Any = None
-        """Each unit's options as the lower bound costs them (`bound._unit_options`), kept
-        for the bound's second use: the greedy's bound start, then the plan's bound."""
+        """Memo of `bound.least_memory` (a refusal's message, at each start)."""
         self._stat_cache: dict[
             tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         ] = {}
-        self.evaluations = 0
-        """`RankState.components` calls on this model: with `additions`, the search's
-        deterministic count of work (`greedy.work_seconds`)."""
-        self.additions = 0
-        """`RankState.add_cells` calls on this model."""
-        self.placed = 0
-        """Units and cells `greedy.Search.place_all` placed (or tried to) on this model:
-        what the starts that find no room cost (`greedy.placing_seconds`)."""
-        self.work_deadline = math.inf
-        """The search's work (`greedy.work_seconds`) at which its optional passes stop (a
-        time limit the greedy would otherwise overrun; none by default)."""
-
-    @contextmanager
-    def uncounted(self) -> Iterator[None]:
-        """Cost something that is not the search's work: the counts of work
-        (`evaluations`, `additions`) are afterwards what they were before, so that no plan
-        depends on it (a memory check, the bound's options costed for a message)."""
-        counts = self.evaluations, self.additions
-        try:
-            yield
-        finally:
-            self.evaluations, self.additions = counts
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -718,17 +694,20 @@ class CostModel:
         return best
 
     # ------------------------------------------------------------------ layouts
-    def state(self) -> RankState:
-        return RankState(self)
+    def state(self, meter: WorkMeter | None = None) -> RankState:
+        """An empty layout's state; its work counted on `meter` when given."""
+        return RankState(self, meter)
 
-    def layout_state(self, layout: Layout) -> RankState:
-        st = RankState(self)
+    def layout_state(self, layout: Layout, meter: WorkMeter | None = None) -> RankState:
+        """The state of `layout`, tables added in the program's order."""
+        st = RankState(self, meter)
         for name in sorted(layout, key=lambda n: self.facts[n].index):
             st.add_table(name, layout[name], 1.0)
         return st
 
-    def evaluate_layout(self, layout: Layout) -> dict[str, Any]:
-        return self.layout_state(layout).estimate(layout)
+    def evaluate_layout(self, layout: Layout, meter: WorkMeter | None = None) -> dict[str, Any]:
+        """The plan file's `estimate` of `layout`."""
+        return self.layout_state(layout, meter).estimate(layout)
 
     def evaluate(self, plan: Plan) -> dict[str, Any]:
         """The `estimate` of any plan of this program (see docs/plan.md)."""
@@ -738,8 +717,9 @@ class CostModel:
             row["cluster"] = names[row["table"]]
         return est
 
-    def step_time(self, layout: Layout) -> float:
-        return self.layout_state(layout).step_time()
+    def step_time(self, layout: Layout, meter: WorkMeter | None = None) -> float:
+        """The step time of `layout` (its slowest rank)."""
+        return self.layout_state(layout, meter).step_time()
 
     def keys_beyond_window(self, seconds: np.ndarray) -> np.ndarray:
         """Key link seconds that outlast the dense compute window (`key_window`): what of
@@ -785,6 +765,8 @@ class RankState:
     """
 
     cm: CostModel
+    meter: WorkMeter | None = None
+    """Where the search counts this state's evaluations and additions; None: nowhere."""
     hbm_own: np.ndarray = field(init=False)
     dist_own: np.ndarray = field(init=False)
     dist_node: np.ndarray = field(init=False)
@@ -858,7 +840,8 @@ class RankState:
         with the table-wide requester terms; the distributor bytes are deduplicated per
         (row shard, rank)."""
         cm = self.cm
-        cm.additions += 1
+        if self.meter is not None:
+            self.meter.additions += 1
         W, G, nodes = cm.W, cm.G, cm.nodes
         if len(ranks) == 1:
             self._add_one(cv, int(ranks[0]), sign, hierarchical)
@@ -1045,7 +1028,8 @@ class RankState:
     def components(self) -> dict[str, np.ndarray]:
         """Seconds per rank of every component."""
         cm = self.cm
-        cm.evaluations += 1
+        if self.meter is not None:
+            self.meter.evaluations += 1
         W = cm.W
         c = self.counts
         hub = int(c["ub_hier"] > 0)

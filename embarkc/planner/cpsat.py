@@ -101,12 +101,11 @@ import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
 from embarkc.planner.cost import HH, CostModel, RankState, phase_times
-from embarkc.planner.greedy import (
+from embarkc.planner.search import (
     P_NORM,
     Decision,
     GreedyResult,
     decision_of,
-    one_node,
     unit_cells,
 )
 from embarkc.planner.types import Layout, Placement
@@ -642,432 +641,27 @@ class _Refiner:
         seed: int,
     ) -> tuple[str, dict[str, tuple[_Option, np.ndarray]], float, float, float]:
         """Solve one neighbourhood; returns (status, unit -> (option, ranks), T, bound,
-        deterministic time)."""
+        deterministic time). The model is `cpsat_model.NeighbourhoodModel`, one method per
+        line of the module docstring's model."""
+        from embarkc.planner import cpsat_model as cm_
+
+        nb = cm_.neighbourhood(self, ranks_f, free_units, partial_units)
+        cm_.measure_options(self, nb)
+        lin = cm_.linearise(self, nb)
+        model = cm_.NeighbourhoodModel(self, nb, lin)
+        model.build()
+        self.last_work = SECONDS_PER_VAR * (len(model.x) + len(model.y)) + SECONDS_PER_OPTION * sum(
+            len(lst) for lst in nb.opts.values()
+        )
+        return self._solve(model, time_limit, seed)
+
+    def _solve(
+        self, model: Any, time_limit: float, seed: int
+    ) -> tuple[str, dict[str, tuple[_Option, np.ndarray]], float, float, float]:
+        """Run CP-SAT on `model` (one worker, a deterministic limit) and read its
+        solution: the chosen options and cell ranks, the model's makespan and bound."""
         from ortools.sat.python import cp_model
 
-        cm = self.cm
-        base = _clone(self.state)
-        for u in free_units:
-            _apply(base, self.option(u, self.decision[u.name]), self.ranks[u.name], -1.0)
-        t0 = base.times()
-        m0 = base.memory()
-        fset = set(ranks_f)
-        movable: dict[str, list[int]] = {}
-        for u in partial_units:
-            o = self.option(u, self.decision[u.name])
-            movable[u.name] = [c for c, a in enumerate(self.ranks[u.name]) if int(a) in fset]
-            for c in movable[u.name]:
-                m0[int(self.ranks[u.name][c])] -= float(o.mem[c])
-        out_f = np.ones(cm.W, dtype=bool)
-        out_f[ranks_f] = False
-        light = sorted(ranks_f, key=lambda a: (t0[a], a))
-        opts: dict[str, list[_Option]] = {}
-        budget = MAX_CELL_VARS
-        work = _clone(self.state)
-        for u in free_units:
-            cur = self.decision[u.name]
-            # each option is measured against the current plan without this unit only:
-            # the linearisation is around the current plan, one unit at a time
-            cur_o = self.option(u, cur)
-            _apply(work, cur_o, self.ranks[u.name], -1.0)
-            shared_u, shared_ph = _shared_seconds(work)
-            free_mask = np.zeros(cm.W, dtype=bool)
-            free_mask[ranks_f] = True
-            home = (
-                cm.node_of == cm.node_of[int(self.ranks[u.name][0])]
-                if cur.kind != "dp"
-                else np.ones(cm.W, dtype=bool)
-            )
-            lst = []
-            for d in grid_options(cm, u, cur, len(ranks_f)):
-                o = self.option(u, d)
-                # within_node and hierarchical rb units keep their cells on their node
-                allowed = free_mask & home if one_node(u, d) else free_mask
-                cost = len(o.load) * int(allowed.sum())
-                if d != cur and cost > budget:
-                    continue
-                budget -= cost
-                # U_o: what the option adds to every rank besides owner HBM work and
-                # links (requester lookups, launches, latencies, the dp exchange), the
-                # same on every rank; measured with the option in the current plan, on
-                # the lightest free ranks (or where it is)
-                if d == cur:
-                    where = self.ranks[u.name]
-                else:
-                    ok = [a for a in light if allowed[a]] or light
-                    where = np.array([ok[i % len(ok)] for i in range(len(o.load))], np.int64)
-                _apply(work, o, where, 1.0)
-                with_o, with_ph = _shared_seconds(work)
-                _apply(work, o, where, -1.0)
-                uni = copy.copy(o)
-                uni.uni_load = max(0, int(round((with_o - shared_u) * TIME_SCALE)))
-                uni.uni_phase = np.maximum(np.round((with_ph - shared_ph) * TIME_SCALE), 0).astype(
-                    np.int64
-                )
-                uni.allowed = allowed
-                lst.append(uni)
-            opts[u.name] = lst
-            _apply(work, cur_o, self.ranks[u.name], 1.0)
-
-        # linearise around the current plan: base times such that the model gives the
-        # current plan exactly the full model's rank times
-        cur_uni = sum(
-            o.uni_load for lst in opts.values() for o in lst if o.d == self.decision[o.unit.name]
-        )
-        # the owner sides of the movable cells, and each link's two sides now (ns)
-        cur_part = {k: np.zeros(cm.W, dtype=np.int64) for k in PARTS}
-        # what the movable cells put on the other side of the links, per rank they are on
-        cur_oth = {k: np.zeros(cm.W, dtype=np.int64) for k in LINKS}
-        for u in free_units + partial_units:
-            o = self.option(u, self.decision[u.name])
-            assert o.parts is not None and o.other is not None
-            cells = range(len(o.load)) if u.name not in movable else movable[u.name]
-            for c in cells:
-                b = int(self.ranks[u.name][c])
-                for k in PARTS:
-                    cur_part[k][b] += int(o.parts[k][c])
-                for k in LINKS:
-                    cur_oth[k][b] += int(o.other[k][c])
-        # ... and so on the other side of each free rank: the cells on the other ranks of
-        # its node (intra-node links) or on the other nodes (inter-node links)
-        # the aggregator loads the movable cells put on the ranks of their rails now, and
-        # the hierarchical ub cells' link terms (`_Option.hub`), per rank they are on
-        cur_rail_own = np.zeros(cm.W, dtype=np.int64)
-        cur_hub = {hk: np.zeros(cm.W, dtype=np.int64) for hk in HUB_KEYS}
-        for u in free_units + partial_units:
-            o = self.option(u, self.decision[u.name])
-            cells = range(len(o.load)) if u.name not in movable else movable[u.name]
-            for c in cells:
-                b = int(self.ranks[u.name][c])
-                if o.rail is not None:
-                    cur_rail_own[b] += int(o.rail[c])
-                if o.hub is not None:
-                    for hk in HUB_KEYS:
-                        cur_hub[hk][b] += int(o.hub[hk][c])
-        li = cm.local_of
-        f_mask = np.zeros(cm.W, dtype=bool)
-        f_mask[ranks_f] = True
-        # on a free rank: the movable cells on the free ranks of its rail, its own aside
-        rail_free = np.bincount(li[f_mask], cur_rail_own[f_mask], cm.G).astype(np.int64)
-        cur_rail = rail_free[li] - cur_rail_own
-        # what the hierarchical ub cells put on each rank's two sides now
-        hub_near = {k: np.zeros(cm.W, dtype=np.int64) for k in LINKS}
-        hub_far = {k: np.zeros(cm.W, dtype=np.int64) for k in LINKS}
-        for (cls, k), arr in cur_hub.items():
-            if cls == "near_rail":
-                hub_near[k] += np.bincount(li, arr, cm.G).astype(np.int64)[li]
-            elif cls == "far_rail":
-                hub_far[k] += np.bincount(li, arr, cm.G).astype(np.int64)[li]
-            elif cls == "far_tot":
-                hub_far[k] += int(arr.sum())
-            else:
-                hub_far[k] += arr
-        node_oth = {k: np.bincount(cm.node_of, cur_oth[k], cm.nodes) for k in LINKS}
-        cur_other = {}
-        for k in LINKS:
-            at_node = node_oth[k][cm.node_of].astype(np.int64)
-            if k.endswith("intra"):
-                cur_other[k] = at_node - cur_oth[k]
-            else:
-                cur_other[k] = int(cur_oth[k].sum()) - at_node
-        links = self.state.links()
-        var_ns: dict[str, np.ndarray] = {}
-        fix_ns: dict[str, np.ndarray] = {}
-        for k in LINKS:
-            sent, received = links[k]
-            scale = TIME_SCALE * _per_byte(cm, k)
-            own_side, other = (received, sent) if k.startswith("dist") else (sent, received)
-            var_ns[k] = np.round(np.maximum(own_side, 0) * scale).astype(np.int64)
-            fix_ns[k] = np.round(np.maximum(other, 0) * scale).astype(np.int64)
-        t_ns = np.round(self.times * TIME_SCALE).astype(np.int64)
-        window_ns = int(round(cm.key_window * TIME_SCALE))
-        side_now = {k: np.maximum(var_ns[k], fix_ns[k]) for k in LINKS}
-        keys_now = np.maximum(side_now["dist_intra"] + side_now["dist_inter"] - window_ns, 0)
-        link_now = side_now["res_intra"] + side_now["res_inter"] + keys_now
-        base_ns = t_ns - link_now - cur_part["hbm"] - cur_uni - cur_rail
-        # the phases (cost.PHASE_GROUPS) the same way: each rank's phase time less its
-        # variable part, so that the model gives the current plan exactly its phase times
-        ph_ns = [
-            np.round(v * TIME_SCALE).astype(np.int64) for v in phase_times(self.state.components())
-        ]
-        cur_uni_ph = np.zeros(len(ph_ns), dtype=np.int64)
-        for lst in opts.values():
-            for o in lst:
-                if o.d == self.decision[o.unit.name]:
-                    assert o.uni_phase is not None
-                    cur_uni_ph += o.uni_phase
-        base_ph = [
-            ph_ns[0] - cur_part["hbm"] - cur_rail - cur_uni_ph[0],
-            ph_ns[1] - keys_now - cur_uni_ph[1],
-            ph_ns[2] - side_now["res_intra"] - side_now["res_inter"] - cur_uni_ph[2],
-            ph_ns[3] - cur_uni_ph[3],
-        ]
-        crit_ns = int(sum(int(v.max()) for v in ph_ns))
-        key_cap_ns = int(self.key_cap * TIME_SCALE) if np.isfinite(self.key_cap) else 0
-        m = cp_model.CpModel()
-        y: dict[tuple[str, int], cp_model.IntVar] = {}
-        x: dict[tuple[str, int, int, int], cp_model.IntVar] = {}
-        terms: dict[str, dict[int, list[tuple[int, cp_model.IntVar]]]] = {
-            k: {a: [] for a in ranks_f} for k in PARTS
-        }
-        oterms: dict[str, dict[int, list[tuple[int, cp_model.IntVar]]]] = {
-            k: {a: [] for a in ranks_f} for k in LINKS
-        }
-        mem_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
-        rail_terms: dict[int, list[tuple[int, cp_model.IntVar]]] = {a: [] for a in ranks_f}
-        hub_terms: dict[tuple[str, str], dict[int, list[tuple[int, cp_model.IntVar]]]] = {
-            hk: {a: [] for a in ranks_f} for hk in HUB_KEYS
-        }
-
-        def add_terms(o: _Option, c: int, a: int, xv: cp_model.IntVar) -> None:
-            """What cell `c` of option `o` puts on free rank `a` when `xv` places it there."""
-            assert o.parts is not None and o.other is not None
-            for k in PARTS:
-                if o.parts[k][c]:
-                    terms[k][a].append((int(o.parts[k][c]), xv))
-            for k in LINKS:
-                if o.other[k][c]:
-                    oterms[k][a].append((int(o.other[k][c]), xv))
-            if o.rail is not None and o.rail[c]:
-                rail_terms[a].append((int(o.rail[c]), xv))
-            if o.hub is not None:
-                for hk in HUB_KEYS:
-                    if o.hub[hk][c]:
-                        hub_terms[hk][a].append((int(o.hub[hk][c]), xv))
-            mem_terms[a].append((int(o.mem[c]), xv))
-
-        uni_load: list[tuple[int, cp_model.IntVar]] = []
-        uni_ph: list[tuple[np.ndarray, cp_model.IntVar]] = []
-        uni_mem: list[tuple[int, cp_model.IntVar]] = []
-        hints: list[tuple[cp_model.IntVar, int]] = []
-        keep: list[cp_model.IntVar] = []
-        for u in free_units:
-            cur = self.decision[u.name]
-            ys = []
-            for oi, o in enumerate(opts[u.name]):
-                v = m.new_bool_var(f"y_{u.name}_{oi}")
-                y[u.name, oi] = v
-                ys.append(v)
-                hints.append((v, int(o.d == cur)))
-                uni_load.append((o.uni_load, v))
-                assert o.uni_phase is not None
-                uni_ph.append((o.uni_phase, v))
-                uni_mem.append((o.uni_mem, v))
-                assert o.allowed is not None
-                cand = [a for a in ranks_f if o.allowed[a]]
-                for c in range(len(o.load)):
-                    xs = []
-                    for a in cand:
-                        xv = m.new_bool_var(f"x_{u.name}_{oi}_{c}_{a}")
-                        x[u.name, oi, c, a] = xv
-                        xs.append(xv)
-                        add_terms(o, c, a, xv)
-                        on = o.d == cur and int(self.ranks[u.name][c]) == a
-                        hints.append((xv, int(on)))
-                    m.add(sum(xs) == v)
-            m.add_exactly_one(ys)
-            keep.append(ys[0])
-        # the linearisation is additive only for a few changes at a time
-        if keep:
-            m.add(sum(1 - v for v in keep) <= MAX_GRID_CHANGES)
-        for u in partial_units:
-            o = self.option(u, self.decision[u.name])
-            ok = [a for a in ranks_f if a in fset]
-            if one_node(u, self.decision[u.name]):
-                node = cm.node_of[int(self.ranks[u.name][0])]
-                ok = [a for a in ok if cm.node_of[a] == node]
-            for c in movable[u.name]:
-                xs = []
-                for a in ok:
-                    xv = m.new_bool_var(f"p_{u.name}_{c}_{a}")
-                    x[u.name, -1, c, a] = xv
-                    xs.append(xv)
-                    add_terms(o, c, a, xv)
-                    hints.append((xv, int(int(self.ranks[u.name][c]) == a)))
-                m.add_exactly_one(xs)
-        capacity = int(cm.capacity)
-        top = int(max(0, t_ns.max(), *(int(v.max()) for v in fix_ns.values()))) + sum(
-            int(o.load.sum())
-            + o.uni_load
-            + sum(int(v.sum()) for v in (o.parts or {}).values())
-            + sum(int(v.sum()) for v in (o.other or {}).values())
-            + (int(o.rail.sum()) * cm.nodes if o.rail is not None else 0)
-            + sum(int(np.abs(v).sum()) * cm.W for v in (o.hub or {}).values())
-            for lst in opts.values()
-            for o in lst
-        )
-        T = m.new_int_var(0, top + 1, "T")
-        z_hints: list[tuple[cp_model.IntVar, int]] = []
-        # the other side of each link, per node of the free ranks: what the cells placed
-        # on the node put there (S), and per free rank: what its own cells put (own)
-        f_nodes = sorted({int(cm.node_of[a]) for a in ranks_f})
-        node_sum: dict[tuple[str, int], cp_model.IntVar] = {}
-        own_oth: dict[tuple[str, int], Any] = {}
-        for k in LINKS:
-            for n in f_nodes:
-                sv = m.new_int_var(0, top + 1, f"s_{k}_{n}")
-                own_n = []
-                for a in ranks_f:
-                    if int(cm.node_of[a]) == n:
-                        own_oth[k, a] = sum(c * v for c, v in oterms[k][a])
-                        own_n += oterms[k][a]
-                m.add(sv == sum(c * v for c, v in own_n))
-                node_sum[k, n] = sv
-                # its value in the current plan (the hint): every movable cell is on a
-                # free rank
-                z_hints.append((sv, int(node_oth[k][n])))
-        umem = sum(c * v for c, v in uni_mem)
-        uload = sum(c * v for c, v in uni_load if c)
-        # aggregator loads (hierarchical ub) per rail: the cells placed on its free ranks
-        rail_sum: dict[int, Any] = {}
-        if any(rail_terms[a] for a in ranks_f):
-            for l_ in sorted({int(li[a]) for a in ranks_f}):
-                rail_sum[l_] = sum(
-                    c * v for a in ranks_f if int(li[a]) == l_ for c, v in rail_terms[a]
-                )
-        # the hierarchical ub cells' terms: per rail of the free ranks (the cells placed on
-        # its free ranks) and in total
-        f_rails = sorted({int(li[a]) for a in ranks_f})
-        hub_rail: dict[tuple[str, str, int], Any] = {}
-        hub_tot: dict[tuple[str, str], Any] = {}
-        for hk in HUB_KEYS:
-            if not any(hub_terms[hk][a] for a in ranks_f):
-                continue
-            if hk[0] == "far_tot":
-                tv = m.new_int_var(-(top + 1), top + 1, f"ht_{hk[0]}_{hk[1]}")
-                m.add(tv == sum(c * v for a in ranks_f for c, v in hub_terms[hk][a]))
-                hub_tot[hk] = tv
-                z_hints.append((tv, int(cur_hub[hk][f_mask].sum())))
-            elif hk[0] != "far_own":
-                for l_ in f_rails:
-                    on_rail = [a for a in ranks_f if int(li[a]) == l_]
-                    rv = m.new_int_var(-(top + 1), top + 1, f"hr_{hk[0]}_{hk[1]}_{l_}")
-                    m.add(rv == sum(c * v for a in on_rail for c, v in hub_terms[hk][a]))
-                    hub_rail[(*hk, l_)] = rv
-                    z_hints.append((rv, int(sum(int(cur_hub[hk][a]) for a in on_rail))))
-
-        def hub_side(a: int, k: str, near: bool) -> Any:
-            """The hierarchical ub cells' part of one side of link `k` of free rank `a`."""
-            out: Any = 0
-            for cls in ("near_rail",) if near else ("far_tot", "far_rail", "far_own"):
-                if cls == "far_tot":
-                    out = out + hub_tot.get((cls, k), 0)
-                elif cls == "far_own":
-                    out = out + sum(c * v for c, v in hub_terms.get((cls, k), {}).get(a, []))
-                else:
-                    out = out + hub_rail.get((cls, k, int(li[a])), 0)
-            return out
-
-        # per free rank: its time less its links, and each link's two bounds (what the
-        # solution's makespan is evaluated from: T and the z are only bounded below)
-        rank_exprs: dict[int, tuple[Any, dict[str, tuple[Any, Any]]]] = {}
-        # each phase's time on the free ranks (the phase maxima P bound them below)
-        uph = [sum(int(c[g]) * v for c, v in uni_ph if c[g]) for g in range(len(ph_ns))]
-        phase_exprs: list[list[Any]] = [[] for _ in ph_ns]
-        phase_rows: dict[int, list[Any]] = {}
-        phase_out: list[Any] = [0 for _ in ph_ns]
-        for a in ranks_f:
-            # each link costs its busier side: the owner side (fixed part plus the cells
-            # placed here) or the other side (fixed part plus the cells on the other ranks
-            # of the node, for intra-node links, or on the other nodes)
-            zs = {}
-            bounds = {}
-            for k in LINKS:
-                z = m.new_int_var(0, top + 1, f"z_{k}_{a}")
-                v0 = int(var_ns[k][a] - cur_part[k][a] - hub_near[k][a])
-                w0 = int(fix_ns[k][a] - cur_other[k][a] - hub_far[k][a])
-                here = node_sum[k, int(cm.node_of[a])]
-                if k.endswith("intra"):
-                    far = w0 + here - own_oth[k, a]
-                else:
-                    far = w0 + sum(node_sum[k, n] for n in f_nodes) - here
-                far = far + hub_side(a, k, near=False)
-                near = v0 + sum(c * v for c, v in terms[k][a]) + hub_side(a, k, near=True)
-                m.add(z >= far)
-                m.add(z >= near)
-                bounds[k] = (near, far)
-                z_hints.append((z, int(side_now[k][a])))
-                zs[k] = z
-            # no more key time than the greedy plan's busiest rank has (or this rank now)
-            if np.isfinite(self.key_cap):
-                keys_a = int(side_now["dist_intra"][a] + side_now["dist_inter"][a])
-                m.add(zs["dist_intra"] + zs["dist_inter"] <= max(key_cap_ns, keys_a))
-            # the key phase beyond the dense compute window (RankState.components)
-            key = m.new_int_var(0, top + 1, f"keys_{a}")
-            m.add(key >= zs["dist_intra"] + zs["dist_inter"] - window_ns)
-            z_hints.append((key, int(keys_now[a])))
-            hbm = sum(c * v for c, v in terms["hbm"][a])
-            if rail_sum:
-                # it aggregates the cells of its rail's other ranks (all on other nodes)
-                hbm = hbm + rail_sum[int(li[a])] - sum(c * v for c, v in rail_terms[a])
-            m.add(int(base_ns[a]) + uload + hbm + zs["res_intra"] + zs["res_inter"] + key <= T)
-            rank_exprs[a] = (int(base_ns[a]) + uload + hbm, bounds)
-            # its phases less their links (the keys' in phase 1, the results' in phase 2)
-            rows = [int(base_ph[g][a]) + uph[g] for g in range(len(ph_ns))]
-            rows[0] = rows[0] + hbm
-            phase_rows[a] = rows
-            phase_exprs[0].append(rows[0])
-            phase_exprs[1].append(rows[1] + key)
-            phase_exprs[2].append(rows[2] + zs["res_intra"] + zs["res_inter"])
-            phase_exprs[3].append(rows[3])
-            m.add(int(np.ceil(m0[a])) + umem + sum(c * v for c, v in mem_terms[a]) <= capacity)
-        out_t = 0
-        # each phase's change on the ranks outside (the options' against the current ones)
-        grow: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in ph_ns]
-        if out_f.any():
-            # the ranks outside, together: their largest time now plus each option's
-            # largest change on any of them against the unit's current option (safe side)
-            out_t = int(t_ns[out_f].max())
-            out_u = []
-            for u in free_units:
-                now = next(o for o in opts[u.name] if o.d == self.decision[u.name])
-                assert now.uni_phase is not None
-                for oi, o in enumerate(opts[u.name]):
-                    change = o.uni_load - now.uni_load
-                    if change:
-                        out_u.append((change, y[u.name, oi]))
-                    assert o.uni_phase is not None
-                    for g in range(len(ph_ns)):
-                        if o.uni_phase[g] != now.uni_phase[g]:
-                            grow[g].append((int(o.uni_phase[g] - now.uni_phase[g]), y[u.name, oi]))
-            # no worse than the plan's step time now: T itself is the makespan of the free
-            # ranks, so that a neighbourhood can lower them while other ranks share the
-            # maximum (a plateau the 16-norm acceptance then takes apart)
-            m.add(out_t + sum(c * v for c, v in out_u) <= max(out_t, int(t_ns.max())))
-            m.add(int(np.ceil(float(m0[out_f].max()))) + umem <= capacity)
-        # the critical path (every phase at its slowest rank) stays within the greedy
-        # plan's: the model keeps the phase maxima P of the free ranks and of the ranks
-        # outside (their phases now plus each option's change), and their sum within the
-        # cap (or the current plan's, if that is above it by rounding)
-        ph_top = top + 1 + crit_ns
-        phase_max = []
-        for g, exprs in enumerate(phase_exprs):
-            pv = m.new_int_var(0, ph_top, f"phase_{g}")
-            for e in exprs:
-                m.add(pv >= e)
-            if out_f.any():
-                phase_out[g] = int(ph_ns[g][out_f].max()) + sum(c * v for c, v in grow[g])
-                m.add(pv >= phase_out[g])
-            phase_max.append(pv)
-            z_hints.append((pv, int(ph_ns[g].max())))
-        if np.isfinite(self.crit_cap):
-            m.add(sum(phase_max) <= max(crit_ns, int(self.crit_cap * TIME_SCALE)))
-        # the makespan first, then as few changes as possible: a cell that moves or an
-        # option that changes without lowering T only adds linearisation error
-        stay = [v for v, h in hints if h == 1]
-        weight = len(stay) + 1
-        m.minimize(weight * T - sum(stay))
-        # a complete hint (the current plan) is a first solution the solver only repairs
-        for v, h in hints:
-            m.add_hint(v, h)
-        # the hinted makespan is the model's own value of the current plan (rounding
-        # of the calibrated base must not make the hint infeasible)
-        for z, h in z_hints:
-            m.add_hint(z, h)
-        m.add_hint(T, max(int(t_ns[ranks_f].max()), 0))
-        self.last_work = SECONDS_PER_VAR * (len(x) + len(y)) + SECONDS_PER_OPTION * sum(
-            len(lst) for lst in opts.values()
-        )
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = seed
@@ -1081,15 +675,42 @@ class _Refiner:
         # a wall-clock safety net far above the deterministic limit (it never binds in
         # practice, so results stay reproducible)
         solver.parameters.max_time_in_seconds = 10.0 * time_limit + 30.0
-        status = solver.solve(m)
+        status = solver.solve(model.m)
         dt = float(solver.deterministic_time)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             name = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
             return name, {}, 0.0, 0.0, dt
+        chosen = self._extract(model, solver)
+        window_ns = model.lin.window_ns
+        self.last_critical_path = (
+            _critical_path(solver, model.phase_rows, model.rank_exprs, model.phase_out, window_ns)
+            / TIME_SCALE
+        )
+        # each free rank with its links at the larger of their bounds, the keys beyond the
+        # window: `T` and the links' `z` are only bounded below, and a solve stopped within
+        # its gap may leave them above that
+        rank_ns = {
+            a: int(solver.value(rest)) + sum(_link_values(solver, bounds, window_ns))
+            for a, (rest, bounds) in model.rank_exprs.items()
+        }
+        self.last_rank_times = {a: v / TIME_SCALE for a, v in rank_ns.items()}
+        name = "optimal" if status == cp_model.OPTIMAL else "feasible"
+        return (
+            name,
+            chosen,
+            max(rank_ns.values()) / TIME_SCALE,
+            # a bound on T: objective = weight * T - kept >= bound, kept <= len(stay)
+            max(0.0, solver.best_objective_bound / model.weight) / TIME_SCALE,
+            dt,
+        )
+
+    def _extract(self, model: Any, solver: Any) -> dict[str, tuple[_Option, np.ndarray]]:
+        """Per free or partly free unit, its chosen option and the ranks of its cells."""
+        nb, x, ranks_f = model.nb, model.x, model.nb.ranks_f
         chosen: dict[str, tuple[_Option, np.ndarray]] = {}
-        for u in free_units:
-            for oi, o in enumerate(opts[u.name]):
-                if not solver.value(y[u.name, oi]):
+        for u in nb.free_units:
+            for oi, o in enumerate(nb.opts[u.name]):
+                if not solver.value(model.y[u.name, oi]):
                     continue
                 where = np.zeros(len(o.load), dtype=np.int64)
                 for c in range(len(o.load)):
@@ -1099,36 +720,17 @@ class _Refiner:
                         if (u.name, oi, c, a) in x and solver.value(x[u.name, oi, c, a])
                     )
                 chosen[u.name] = (o, where)
-        for u in partial_units:
+        for u in nb.partial_units:
             where = self.ranks[u.name].copy()
-            for c in movable[u.name]:
+            for c in nb.movable[u.name]:
                 where[c] = next(
                     a
                     for a in ranks_f
                     if (u.name, -1, c, a) in x and solver.value(x[u.name, -1, c, a])
                 )
             chosen[u.name] = (self.option(u, self.decision[u.name]), where)
-        assert fset  # ranks_f is never empty
-        self.last_critical_path = (
-            _critical_path(solver, phase_rows, rank_exprs, phase_out, window_ns) / TIME_SCALE
-        )
-        # each free rank with its links at the larger of their bounds, the keys beyond the
-        # window: `T` and the links' `z` are only bounded below, and a solve stopped within
-        # its gap may leave them above that
-        rank_ns = {
-            a: int(solver.value(rest)) + sum(_link_values(solver, bounds, window_ns))
-            for a, (rest, bounds) in rank_exprs.items()
-        }
-        self.last_rank_times = {a: v / TIME_SCALE for a, v in rank_ns.items()}
-        name = "optimal" if status == cp_model.OPTIMAL else "feasible"
-        return (
-            name,
-            chosen,
-            max(rank_ns.values()) / TIME_SCALE,
-            # a bound on T: objective = weight * T - kept >= bound, kept <= len(stay)
-            max(0.0, solver.best_objective_bound / weight) / TIME_SCALE,
-            dt,
-        )
+        assert ranks_f  # never empty
+        return chosen
 
     def trial(
         self, free_units: list[Unit], chosen: dict[str, tuple[_Option, np.ndarray]]

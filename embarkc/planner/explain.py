@@ -16,7 +16,7 @@ import numpy as np
 
 from embarkc.planner.clusters import units_of
 from embarkc.planner.cost import CostModel, TableFacts, owner_seconds
-from embarkc.planner.greedy import best_node
+from embarkc.planner.search.place import best_node
 from embarkc.planner.types import Layout, Placement, column_widths
 
 
