@@ -315,7 +315,8 @@ def test_every_cluster_path_trains_the_reference_tables_bit_for_bit_in_exact_mod
     assert plan["model"]["optimizer"]["schedule"]["decay"] == "poly"
     assert {t["optimizer_params"]["schedule"]["decay"] for t in plan["tables"]} == {"poly", "step"}
     # the sharded run's rates, step by step, as SCHEDULES says (the log's `lr`)
-    rates = {x["step"]: x["lr"] for x in _records(work / "log.jsonl") if not x.get("eval")}
+    # (a record's `step` counts steps completed from 1: step s, counted from 0, is s + 1's)
+    rates = {x["step"] - 1: x["lr"] for x in _records(work / "log.jsonl") if not x.get("eval")}
     assert [rates[t]["dense"] for t in (0, 4, 5, 22, 40, 49)] == pytest.approx(
         [0.002, 0.01, 0.01, 0.01 * (1 - 17 / 35) ** 2, 0.0, 0.0], rel=1e-12, abs=1e-15
     )
