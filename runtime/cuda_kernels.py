@@ -731,6 +731,51 @@ class CudaKernels:
             self._check(entry, row_grads, exp_grads, TOLERANCE["fp32"])
         return unique, row_grads
 
+    def pooled_backward_padded(
+        self,
+        grad_out: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+        num_rows: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """pooled_backward without waiting for the device (extension of Kernels): the
+        distinct rows and their gradients in buffers as long as the ids, and how many
+        of them are set, [1] int64 on the device. Rows outside the table give a count of
+        0 and are said at the next `check_rows`. A call the kernels cannot serve goes to
+        the torch path, whose results are exact (count = their length)."""
+        try:
+            self._on_device(grad_out, rows, offsets, per_id_weights)
+            if grad_out.dtype != torch.float32:
+                raise _Fallback(f"gradient dtype {grad_out.dtype}")
+            info = self.index.backward(
+                grad_out.shape[1], "fp32", mode, per_id_weights is not None, self._key(rows), "none"
+            )
+            unverified = self.verify and info is not None and info.entries[0] not in self._verified
+            if info is None or rows.numel() == 0 or unverified:
+                # pooled_backward serves (and verifies) the first call: it waits anyway
+                raise _Fallback("the torch path or the verified first call")
+            grad = grad_out.contiguous()
+            self._aligned(grad)
+        except _Fallback:
+            # pooled_backward meets the same reason again and counts it
+            unique, grads = self.pooled_backward(
+                grad_out, rows, offsets, per_id_weights, mode, num_rows
+            )
+            count = torch.full((1,), unique.numel(), dtype=torch.int64, device=unique.device)
+            return unique, grads, count
+        offsets_c = offsets.contiguous().long()
+        s = self._segments(rows.contiguous(), num_rows)
+        self._defer(s.bad)
+        occ_bag = bag_of_ids(offsets_c, rows.numel())
+        pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
+        row_grads = self._alloc(
+            s.unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
+        )
+        self._backward_launch(info, grad, offsets_c, pw, occ_bag, s, mode, [row_grads])
+        return s.unique, row_grads, s.count
+
     def _state_args(self, weight: Tensor, state: dict[str, Tensor], optimizer: str) -> list[Any]:
         facts = OPTIMIZERS.get(optimizer)
         if facts is None:

@@ -166,3 +166,30 @@ def test_rows_outside_the_table_update_nothing_and_are_said_at_the_next_check(so
     with pytest.raises(IndexError, match="outside the table"):
         k.check_rows()
     k.check_rows()  # said once
+
+
+def test_padded_row_gradients_never_wait_and_equal_pooled_backward(sources, launcher):
+    """pooled_backward_padded: the same rows and gradient bits as pooled_backward in its
+    first `count` entries, with the count on the device and no host wait (the first call
+    is pooled_backward's, verified)."""
+    k = CudaKernels(sources=sources, device="cpu", launcher=launcher, verify=True)
+    for config in _bench().LOOKUPS:
+        if config.pooling == "concat":
+            continue
+        for skewed in (False, True):
+            ids, offsets, pw, grad, rows = _case(config, skewed, 11)
+            k.pooled_backward_padded(grad, ids, offsets, pw, config.pooling, rows)
+            with HostWaits() as waits:
+                u, g, count = k.pooled_backward_padded(grad, ids, offsets, pw, config.pooling, rows)
+            assert waits.waits == []
+            u0, g0 = k.pooled_backward(grad, ids, offsets, pw, config.pooling, rows)
+            n = int(count.item())
+            assert u.numel() == ids.numel() and n == u0.numel()
+            assert torch.equal(u[:n], u0) and torch.equal(g[:n], g0)
+    assert not k.fallbacks
+    bad = ids.clone()
+    bad[0] = -1
+    _, _, count = k.pooled_backward_padded(grad, bad, offsets, pw, "sum", rows)
+    assert int(count.item()) == 0
+    with pytest.raises(IndexError):
+        k.check_rows()

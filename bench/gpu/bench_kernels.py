@@ -582,6 +582,15 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw
             cand.pooled_forward(weight, ids, offsets, None, "sum")
             cand.pooled_backward(grad, ids, offsets, None, "sum", rows)
 
+        padded = getattr(cand, "pooled_backward_padded", None)
+
+        def ours_backward_padded() -> None:
+            cand.pooled_forward(weight, ids, offsets, None, "sum")
+            if padded is not None:
+                padded(grad, ids, offsets, None, "sum", rows)
+            else:
+                cand.pooled_backward(grad, ids, offsets, None, "sum", rows)
+
         def ours_step() -> None:
             cand.pooled_forward(weight, ids, offsets, None, "sum")
             if fused is not None:
@@ -605,6 +614,12 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw
             (
                 "forward + backward to row gradients (ours)",
                 ours_backward,
+                "EmbeddingBag forward + backward (sparse gradient)",
+                bag_backward,
+            ),
+            (
+                "forward + backward to row gradients, counts on the device (ours, padded)",
+                ours_backward_padded,
                 "EmbeddingBag forward + backward (sparse gradient)",
                 bag_backward,
             ),
