@@ -282,6 +282,13 @@ def _cuda_device(device: torch.device | str | int | None) -> torch.device:
     return dev
 
 
+def chunk_size(longest: Tensor) -> Tensor:
+    """The two-pass backward's chunk of occurrences for the longest segment, on the
+    device: max(SPLIT_MIN, isqrt(longest - 1) + 1) = max(SPLIT_MIN, ceil(sqrt(longest))),
+    fp64's root being exact enough for any count below 2^40."""
+    return longest.double().sqrt().ceil().long().clamp(min=SPLIT_MIN)
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -644,7 +651,7 @@ class CudaKernels:
         nnz = s.sorted_occ.numel()
         size: int | Tensor
         if known is not None:
-            size = max(SPLIT_MIN, math.isqrt(known[1] - 1) + 1)
+            size = max(SPLIT_MIN, math.isqrt(known[1] - 1) + 1)  # = chunk_size's
             chunks = capacity + nnz // size
             two_pass = s.count
         else:
@@ -652,12 +659,7 @@ class CudaKernels:
             self._launch(
                 info, info.entries[0], capacity, [*common, torch.where(split, 0, s.count), *tail]
             )
-            # max(SPLIT_MIN, isqrt(longest - 1) + 1), the fp64 root corrected to isqrt
-            x = (s.longest - 1).clamp(min=0)
-            r = x.double().sqrt().long()
-            r = r - (r * r > x).long()
-            r = r + ((r + 1) * (r + 1) <= x).long()
-            size = (r + 1).clamp(min=SPLIT_MIN)
+            size = chunk_size(s.longest)
             chunks = capacity + nnz // SPLIT_MIN
             two_pass = torch.where(split, s.count, 0)
         per_row = (seg[1:] - seg[:-1] + size - 1) // size

@@ -193,3 +193,17 @@ def test_padded_row_gradients_never_wait_and_equal_pooled_backward(sources, laun
     assert int(count.item()) == 0
     with pytest.raises(IndexError):
         k.check_rows()
+
+
+def test_the_chunk_size_on_the_device_is_the_hosts_isqrt():
+    """The two-pass chunk size the device computes equals the host's
+    max(SPLIT_MIN, isqrt(longest - 1) + 1) wherever a batch's ids can count."""
+    import math
+
+    from embark_runtime.cuda_kernels import chunk_size
+
+    longest = torch.cat(
+        [torch.arange(1, 300_001), torch.tensor([2**31 - 1, 2**32, 2**20 * 2**20 - 1, 2**40 - 1])]
+    )
+    host = torch.tensor([max(SPLIT_MIN, math.isqrt(n - 1) + 1) for n in longest.tolist()])
+    assert torch.equal(chunk_size(longest), host)
