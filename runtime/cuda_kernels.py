@@ -929,9 +929,13 @@ class CudaKernels:
         negative = (keys_c < 0).any()
         insert, inverse_entry = info.entries
         self._launch(info, insert, n, [keys_c, n, table, capacity - 1, slot_of])
-        occupied = torch.nonzero(table != -1).squeeze(1)
-        if bool(negative):
+        full = table != -1
+        # the one wait: the distinct keys' count (the size of the result), read together
+        # with the check of the keys
+        count, bad = torch.stack([full.sum(), negative.long()]).tolist()
+        if bad:
             raise ValueError("dedup: keys must be non-negative")
+        occupied = torch.nonzero_static(full, size=count).squeeze(1)
         unique, order = torch.sort(table[occupied])
         slot_rank = torch.empty(capacity, dtype=torch.int64, device=keys.device)
         slot_rank[occupied[order]] = torch.arange(unique.numel(), device=keys.device)

@@ -207,3 +207,19 @@ def test_the_chunk_size_on_the_device_is_the_hosts_isqrt():
     )
     host = torch.tensor([max(SPLIT_MIN, math.isqrt(n - 1) + 1) for n in longest.tolist()])
     assert torch.equal(chunk_size(longest), host)
+
+
+def test_dedup_waits_once_for_its_result_size(sources, launcher):
+    k = CudaKernels(sources=sources, device="cpu", launcher=launcher, verify=True)
+    gen = torch.Generator().manual_seed(4)
+    for dtype in (torch.int64, torch.int32):
+        keys = torch.randint(0, 1000, (300,), generator=gen).to(dtype)
+        k.dedup(keys)
+        with HostWaits() as waits:
+            unique, inverse = k.dedup(keys)
+        assert [w for w, _ in waits.waits] == ["tolist"], waits.waits
+        u0, inv0 = TorchKernels().dedup(keys)
+        assert torch.equal(unique, u0) and torch.equal(inverse, inv0.to(torch.int64))
+    with pytest.raises(ValueError, match="non-negative"):
+        k.dedup(torch.tensor([3, -1, 3]))
+    assert not k.fallbacks

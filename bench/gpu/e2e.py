@@ -321,6 +321,7 @@ class Row:
     torch_loss: float
     waits: int | None
     kernels: str
+    fallbacks: int = 0
 
     @property
     def agree(self) -> bool:
@@ -371,6 +372,7 @@ def run_variant(
         float(loss_theirs),
         waits,
         why,
+        sum(getattr(kernels, "fallbacks", {}).values()),
     )
 
 
@@ -398,7 +400,10 @@ def table(rows: list[Row], header: str) -> str:
             f"{mark} | {'-' if r.waits is None else r.waits} |"
         )
     kinds = sorted({r.kernels for r in rows})
+    fell = sum(r.fallbacks for r in rows)
     lines += ["", "embarkc's kernels: " + "; ".join(kinds), ""]
+    if fell:
+        lines += [f"({fell} calls of the generated kernels went to the torch path)", ""]
     return "\n".join(lines)
 
 
