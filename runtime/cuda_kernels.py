@@ -16,6 +16,14 @@ The torch path (`embark_runtime.kernels.TorchKernels`) is the checked fallback:
   for the dtype for arithmetic); a disagreement raises `KernelMismatchError` rather than
   training on wrong numbers.
 
+Waits for the device: the forward and the fused backward + update (the training step of a
+table) never wait after their first, verified call: the sort into segments sizes every
+buffer by the ids' count and keeps the counts on the device, and the kernels read them
+from device memory (see `Segments`, `_backward_launch`); rows outside the table are said
+at the next `check_rows`. `pooled_backward_padded` gives row gradients the same way;
+`pooled_backward` and `dedup` wait once, for the size of their results. tests/
+test_cuda_syncs.py counts the waits under the emulator.
+
 `kernels_for(kernel_dir, device)` picks CudaKernels when CUDA, cupy and the kernels are
 there, and TorchKernels otherwise, with a sentence saying which and why.
 """
@@ -597,13 +605,17 @@ class CudaKernels:
         self._bad = bad if self._bad is None else self._bad | bad
 
     def check_rows(self) -> None:
-        """Raise the IndexError of any fused backward since the last check whose rows were
-        outside the table (such a call updates nothing, and says so here rather than
-        wait for the device itself). Waits for the device once: call it where the
-        trainer waits anyway (a logged loss)."""
+        """Raise the IndexError of any wait-free backward since the last check
+        (pooled_backward_update, pooled_backward_padded) whose rows were outside the
+        table: such a call updates nothing (its count is 0) and is said here rather than
+        wait for the device itself. Waits for the device once: call it where the caller
+        waits anyway (a logged loss)."""
         bad, self._bad = self._bad, None
         if bad is not None and bool(bad.any()):
-            raise IndexError("row index outside the table in a fused backward; nothing updated")
+            raise IndexError(
+                "row index outside the table in a backward since the last check; that call "
+                "updated nothing"
+            )
 
     def _backward_launch(
         self,
