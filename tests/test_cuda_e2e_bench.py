@@ -66,6 +66,10 @@ def test_bad_arguments_exit_2_with_a_message(e2e, capsys):
     assert e2e.main(["--device", "cpu", "--variants", "h3"]) == 2
     assert "unknown h3" in capsys.readouterr().err
     assert e2e.main(["--device", "cpu", "--steps", "0"]) == 2
+    if not torch.cuda.is_available():
+        assert e2e.main(["--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+        assert e2e.main(["--device", "cuda", "--allow-no-gpu"]) == 0
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")

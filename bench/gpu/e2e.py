@@ -103,14 +103,11 @@ def load_program(folder: Path) -> Any:
     """The generated train.py's PROGRAM (its dense model, optimizer, plan and kernels)."""
     sys.path.insert(0, str(ROOT))
     if importlib.util.find_spec("embark_runtime") is None:
-        # this checkout's runtime/ as embark_runtime, without installing it
-        spec = importlib.util.spec_from_file_location(
-            "embark_runtime", ROOT / "runtime" / "__init__.py"
-        )
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["embark_runtime"] = mod
-        spec.loader.exec_module(mod)
+        # this checkout's runtime/ as embark_runtime, without installing it (the GPU
+        # machine has no install of this repository)
+        link = Path(tempfile.mkdtemp(prefix="embark-e2e-path-")) / "embark_runtime"
+        link.symlink_to(ROOT / "runtime", target_is_directory=True)
+        sys.path.insert(0, str(link.parent))
     spec = importlib.util.spec_from_file_location(f"train_{folder.name}", folder / "train.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
