@@ -16,6 +16,14 @@ The torch path (`embark_runtime.kernels.TorchKernels`) is the checked fallback:
   for the dtype for arithmetic); a disagreement raises `KernelMismatchError` rather than
   training on wrong numbers.
 
+Waits for the device: the forward and the fused backward + update (the training step of a
+table) never wait after their first, verified call: the sort into segments sizes every
+buffer by the ids' count and keeps the counts on the device, and the kernels read them
+from device memory (see `Segments`, `_backward_launch`); rows outside the table are said
+at the next `check_rows`. `pooled_backward_padded` gives row gradients the same way;
+`pooled_backward` and `dedup` wait once, for the size of their results. tests/
+test_cuda_syncs.py counts the waits under the emulator.
+
 `kernels_for(kernel_dir, device)` picks CudaKernels when CUDA, cupy and the kernels are
 there, and TorchKernels otherwise, with a sentence saying which and why.
 """
@@ -282,8 +290,35 @@ def _cuda_device(device: torch.device | str | int | None) -> torch.device:
     return dev
 
 
+def chunk_size(longest: Tensor) -> Tensor:
+    """The two-pass backward's chunk of occurrences for the longest segment, on the
+    device: max(SPLIT_MIN, isqrt(longest - 1) + 1) = max(SPLIT_MIN, ceil(sqrt(longest))),
+    fp64's root being exact enough for any count below 2^40."""
+    return longest.double().sqrt().ceil().long().clamp(min=SPLIT_MIN)
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The occurrences of a backward's rows sorted into one segment per distinct row, with
+    every size a bound the host knows (capacity = the ids' count) and every count on the
+    device, so that making them never waits for the device.
+
+    unique: [capacity] the distinct rows ascending, in the rows' dtype (the first `count`
+    are set); seg: [capacity + 1] int64 bounds in sorted_occ (seg[count:] = nnz: empty
+    segments); sorted_occ: [nnz] the occurrences sorted by row, stable; count: [1] int64
+    how many distinct rows (0 when some row is outside the table); longest: [1] int64 the
+    most occurrences of one row; bad: [1] bool, some row outside [0, num_rows)."""
+
+    unique: Tensor
+    seg: Tensor
+    sorted_occ: Tensor
+    count: Tensor
+    longest: Tensor
+    bad: Tensor
 
 
 class _Fallback(Exception):
@@ -365,6 +400,8 @@ class CudaKernels:
         self.verify = verify
         self.poison = poison
         self._verified: set[str] = set()
+        self._consts: dict[tuple[str, int, str], Tensor] = {}
+        self._bad: Tensor | None = None
         self.calls: Counter[str] = Counter()
         self.fallbacks: Counter[str] = Counter()
 
@@ -518,25 +555,67 @@ class CudaKernels:
         flat = self.fallback.pooled_forward(weight, rows, ones, per_id_weights, "sum")
         return flat.reshape(bags, -1)
 
-    def _segments(self, rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor, int]:
-        """(distinct rows ascending, segment bounds [U+1], occurrences sorted by row, the
-        most occurrences of one row)."""
-        bounds = torch.aminmax(rows) if rows.numel() else None
+    def _segments(self, rows: Tensor, num_rows: int) -> Segments:
+        """The occurrences sorted into one segment per distinct row, without a wait for
+        the device: every buffer is sized by the ids' count (a bound the host knows), and
+        the counts stay on the device (see Segments). `rows` must not be empty."""
+        n = rows.numel()
+        dev = rows.device
+        lo, hi = torch.aminmax(rows)
+        bad = ((lo < 0) | (hi >= num_rows)).reshape(1)
         # a radix sort costs a pass per key byte: sort 32-bit keys when the rows fit
         keys = rows.to(torch.int32) if num_rows <= 2**31 - 1 else rows
         sorted_rows, sorted_occ = torch.sort(keys, stable=True)
-        unique, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
-        longest = 0
-        if bounds is not None:
-            # read once the unique's own wait for the device is over: one transfer, and
-            # no kernel has used the rows yet
-            lo, hi, longest = torch.stack([*bounds, counts.max().to(rows.dtype)]).tolist()
-            if lo < 0 or hi >= num_rows:
-                raise IndexError(f"row index outside [0, {num_rows})")
-        unique = unique.to(rows.dtype)
-        seg = torch.zeros(unique.numel() + 1, dtype=torch.int64, device=rows.device)
-        torch.cumsum(counts, 0, out=seg[1:])
-        return unique, seg, sorted_occ, int(longest)
+        head = torch.ones(n, dtype=torch.bool, device=dev)
+        torch.ne(sorted_rows[1:], sorted_rows[:-1], out=head[1:])
+        rank = torch.cumsum(head, 0) - 1
+        # rows outside the table: no segment at all, so no kernel touches them; the
+        # error is raised where the host next waits
+        count = torch.where(bad, 0, rank[-1:] + 1)
+        unique = self._alloc(n, dtype=rows.dtype, device=dev)
+        unique.index_put_((rank,), sorted_rows.to(rows.dtype))
+        # seg[u] = the first sorted position of row u, seg[count:] = n (empty segments);
+        # the positions that start no segment write to a slot past the end
+        seg = torch.full((n + 2,), n, dtype=torch.int64, device=dev)
+        seg.scatter_(0, torch.where(head, rank, n + 1), self._iota(n, dev))
+        seg = seg[: n + 1]
+        longest = (seg[1:] - seg[:-1]).max().reshape(1)
+        return Segments(unique, seg, sorted_occ, count, longest, bad)
+
+    def _iota(self, n: int, device: torch.device) -> Tensor:
+        """arange(n) on `device`, made once per size (every backward asks for one)."""
+        key = ("arange", n, str(device))
+        t = self._consts.get(key)
+        if t is None:
+            if len(self._consts) > 64:
+                self._consts.clear()
+            t = self._consts[key] = torch.arange(n, dtype=torch.int64, device=device)
+        return t
+
+    def _ones(self, n: int, device: torch.device) -> Tensor:
+        """ones(n) in fp32 on `device`, made once per size."""
+        key = ("ones", n, str(device))
+        t = self._consts.get(key)
+        if t is None:
+            t = self._consts[key] = torch.ones(n, dtype=torch.float32, device=device)
+        return t
+
+    def _defer(self, bad: Tensor) -> None:
+        """Remember, on the device, that a call had rows outside its table."""
+        self._bad = bad if self._bad is None else self._bad | bad
+
+    def check_rows(self) -> None:
+        """Raise the IndexError of any wait-free backward since the last check
+        (pooled_backward_update, pooled_backward_padded) whose rows were outside the
+        table: such a call updates nothing (its count is 0) and is said here rather than
+        wait for the device itself. Waits for the device once: call it where the caller
+        waits anyway (a logged loss)."""
+        bad, self._bad = self._bad, None
+        if bad is not None and bool(bad.any()):
+            raise IndexError(
+                "row index outside the table in a backward since the last check; that call "
+                "updated nothing"
+            )
 
     def _backward_launch(
         self,
@@ -545,12 +624,10 @@ class CudaKernels:
         offsets: Tensor,
         per_id_weights: Tensor | None,
         occ_bag: Tensor,
-        sorted_occ: Tensor,
-        seg: Tensor,
-        longest: int,
-        unique: Tensor,
+        s: Segments,
         mode: str,
         tail: list[Any],
+        known: tuple[int, int] | None = None,
     ) -> None:
         """Launch the backward `info` (plain or fused) over the distinct rows, with `tail`
         after its common arguments.
@@ -561,39 +638,59 @@ class CudaKernels:
         backward sums chunks of at most `size` occurrences into partial rows, then `info`
         sums each row's partials (bags of one partial each, weight 1: mean and weights are
         applied once, in the first pass). size ~ sqrt(longest) bounds both passes' serial
-        work; the summation order is fixed, so the result is deterministic."""
-        num_unique = unique.numel()
+        work; the summation order is fixed, so the result is deterministic.
+
+        known: (distinct rows, longest segment) when the caller has read them from the
+        device; the launches then cover exactly those rows and take one way. Without
+        them nothing waits for the device: whether some row is that long is known on the
+        device only, so both ways are launched over the capacity, each with its count
+        zeroed on the device when the other one is taken (its groups leave at once); the
+        chunk buffers are sized by their bound (size >= SPLIT_MIN: at most capacity +
+        nnz // SPLIT_MIN chunks)."""
+        capacity = known[0] if known is not None else s.unique.numel()
         width = grad.shape[1]
         weighted = per_id_weights is not None
         plain = None
-        if longest > SPLIT_MIN and mode != "concat":
-            plain = self.index.backward(width, "fp32", mode, weighted, self._key(unique), "none")
+        maybe_long = capacity > SPLIT_MIN if known is None else known[1] > SPLIT_MIN
+        if maybe_long and mode != "concat":
+            plain = self.index.backward(width, "fp32", mode, weighted, self._key(s.unique), "none")
+        seg = s.seg[: capacity + 1]
+        common = [grad, offsets, per_id_weights, occ_bag, s.sorted_occ, seg, s.unique]
         if plain is None:
-            args = [grad, offsets, per_id_weights, occ_bag, sorted_occ, seg, unique, num_unique]
-            self._launch(info, info.entries[0], num_unique, [*args, *tail])
+            self._launch(info, info.entries[0], capacity, [*common, s.count, *tail])
             return
         dev = grad.device
-        size = max(SPLIT_MIN, math.isqrt(longest - 1) + 1)
-        nnz = sorted_occ.numel()
-        # chunks of every row, at most nnz / size more than the rows: sized without
-        # reading the exact count back (chunks past the last are empty)
-        chunks = num_unique + nnz // size
+        nnz = s.sorted_occ.numel()
+        size: int | Tensor
+        if known is not None:
+            size = max(SPLIT_MIN, math.isqrt(known[1] - 1) + 1)  # = chunk_size's
+            chunks = capacity + nnz // size
+            two_pass = s.count
+        else:
+            split = s.longest > SPLIT_MIN
+            self._launch(
+                info, info.entries[0], capacity, [*common, torch.where(split, 0, s.count), *tail]
+            )
+            size = chunk_size(s.longest)
+            chunks = capacity + nnz // SPLIT_MIN
+            two_pass = torch.where(split, s.count, 0)
         per_row = (seg[1:] - seg[:-1] + size - 1) // size
         row_end = torch.cumsum(per_row, 0)
         row_start = row_end - per_row
-        c = torch.arange(chunks, dtype=torch.int64, device=dev)
-        owner = torch.searchsorted(row_end, c, right=True)
-        mine = owner.clamp(max=num_unique - 1)
-        start = seg[mine] + (c - row_start[mine]) * size
-        seg1 = torch.cat([torch.where(owner < num_unique, start, nnz), seg[-1:]])
+        c = self._iota(chunks + 1, dev)
+        owner = torch.searchsorted(row_end, c[:-1], right=True)
+        mine = owner.clamp(max=capacity - 1)
+        start = seg[mine] + (c[:-1] - row_start[mine]) * size
+        seg1 = torch.cat([torch.where(owner < capacity, start, nnz), seg[-1:]])
         seg2 = torch.cat([row_start, row_end[-1:]])
         partials = self._alloc(chunks, width, dtype=torch.float32, device=dev)
-        first = [grad, offsets, per_id_weights, occ_bag, sorted_occ, seg1, unique, chunks]
-        self._launch(plain, plain.entries[0], chunks, [*first, partials])
-        one_each = torch.arange(chunks + 1, dtype=torch.int64, device=dev)
-        ones = torch.ones(chunks, dtype=torch.float32, device=dev) if weighted else None
-        second = [partials, one_each, ones, one_each[:-1], one_each[:-1], seg2, unique]
-        self._launch(info, info.entries[0], num_unique, [*second, num_unique, *tail])
+        first = [grad, offsets, per_id_weights, occ_bag, s.sorted_occ, seg1, s.unique]
+        # the chunk pass works when the two passes are taken (two_pass > 0 on the device)
+        used = torch.where(two_pass > 0, row_end[-1:], 0)
+        self._launch(plain, plain.entries[0], chunks, [*first, used, partials])
+        ones = self._ones(chunks, dev) if weighted else None
+        second = [partials, c, ones, c[:-1], c[:-1], seg2, s.unique]
+        self._launch(info, info.entries[0], capacity, [*second, two_pass, *tail])
 
     def pooled_backward(
         self,
@@ -625,17 +722,21 @@ class CudaKernels:
             return self.fallback.pooled_backward(
                 grad_out, rows, offsets, per_id_weights, mode, num_rows
             )
+        if rows.numel() == 0:
+            return rows.clone(), torch.zeros(0, grad.shape[1], device=grad.device)
         offsets_c = offsets.contiguous().long()
-        unique, seg, sorted_occ, longest = self._segments(rows.contiguous(), num_rows)
+        s = self._segments(rows.contiguous(), num_rows)
+        # the one wait of this call: its results are as long as the distinct rows
+        count, longest, bad = torch.cat([s.count, s.longest, s.bad.long()]).tolist()
+        if bad:
+            raise IndexError(f"row index outside [0, {num_rows})")
         occ_bag = bag_of_ids(offsets_c, rows.numel())
         pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
-        row_grads = self._alloc(
-            unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
-        )
+        row_grads = self._alloc(count, grad.shape[1], dtype=torch.float32, device=grad.device)
         entry = info.entries[0]
-        self._backward_launch(
-            info, grad, offsets_c, pw, occ_bag, sorted_occ, seg, longest, unique, mode, [row_grads]
-        )
+        known = (count, longest)
+        self._backward_launch(info, grad, offsets_c, pw, occ_bag, s, mode, [row_grads], known)
+        unique = s.unique[:count]
         if self._first(entry):
             exp_rows, exp_grads = self.fallback.pooled_backward(
                 grad_out, rows, offsets, per_id_weights, mode, num_rows
@@ -643,6 +744,51 @@ class CudaKernels:
             self._check(entry, unique, exp_rows.to(unique.dtype), None)
             self._check(entry, row_grads, exp_grads, TOLERANCE["fp32"])
         return unique, row_grads
+
+    def pooled_backward_padded(
+        self,
+        grad_out: Tensor,
+        rows: Tensor,
+        offsets: Tensor,
+        per_id_weights: Tensor | None,
+        mode: str,
+        num_rows: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """pooled_backward without waiting for the device (extension of Kernels): the
+        distinct rows and their gradients in buffers as long as the ids, and how many
+        of them are set, [1] int64 on the device. Rows outside the table give a count of
+        0 and are said at the next `check_rows`. A call the kernels cannot serve goes to
+        the torch path, whose results are exact (count = their length)."""
+        try:
+            self._on_device(grad_out, rows, offsets, per_id_weights)
+            if grad_out.dtype != torch.float32:
+                raise _Fallback(f"gradient dtype {grad_out.dtype}")
+            info = self.index.backward(
+                grad_out.shape[1], "fp32", mode, per_id_weights is not None, self._key(rows), "none"
+            )
+            unverified = self.verify and info is not None and info.entries[0] not in self._verified
+            if info is None or rows.numel() == 0 or unverified:
+                # pooled_backward serves (and verifies) the first call: it waits anyway
+                raise _Fallback("the torch path or the verified first call")
+            grad = grad_out.contiguous()
+            self._aligned(grad)
+        except _Fallback:
+            # pooled_backward meets the same reason again and counts it
+            unique, grads = self.pooled_backward(
+                grad_out, rows, offsets, per_id_weights, mode, num_rows
+            )
+            count = torch.full((1,), unique.numel(), dtype=torch.int64, device=unique.device)
+            return unique, grads, count
+        offsets_c = offsets.contiguous().long()
+        s = self._segments(rows.contiguous(), num_rows)
+        self._defer(s.bad)
+        occ_bag = bag_of_ids(offsets_c, rows.numel())
+        pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
+        row_grads = self._alloc(
+            s.unique.numel(), grad.shape[1], dtype=torch.float32, device=grad.device
+        )
+        self._backward_launch(info, grad, offsets_c, pw, occ_bag, s, mode, [row_grads])
+        return s.unique, row_grads, s.count
 
     def _state_args(self, weight: Tensor, state: dict[str, Tensor], optimizer: str) -> list[Any]:
         facts = OPTIMIZERS.get(optimizer)
@@ -750,21 +896,30 @@ class CudaKernels:
             )
             self.sparse_update(weight, state, unique, grads, optimizer, params)
             return
+        if rows.numel() == 0:
+            return
         offsets_c = offsets.contiguous().long()
-        unique, seg, sorted_occ, longest = self._segments(rows.contiguous(), weight.shape[0])
+        s = self._segments(rows.contiguous(), weight.shape[0])
         occ_bag = bag_of_ids(offsets_c, rows.numel())
         pw = per_id_weights.contiguous().float() if per_id_weights is not None else None
         entry = info.entries[0]
-        check = self._first(entry)
-        before = self._snapshot(weight, state, unique) if check else None
+        before = None
+        if self._first(entry):
+            # the verification waits for the device anyway: rows outside the table are
+            # said at once, and the rows the update touches are known
+            count, bad = torch.cat([s.count, s.bad.long()]).tolist()
+            if bad:
+                raise IndexError(f"row index outside [0, {weight.shape[0]})")
+            before = self._snapshot(weight, state, s.unique[:count])
+        else:
+            self._defer(s.bad)
         tail = [weight, *states, *_opt_args(params)]
-        self._backward_launch(
-            info, grad, offsets_c, pw, occ_bag, sorted_occ, seg, longest, unique, mode, tail
-        )
+        self._backward_launch(info, grad, offsets_c, pw, occ_bag, s, mode, tail)
         if before is not None:
             _, grads = self.fallback.pooled_backward(
                 grad_out, rows, offsets, per_id_weights, mode, weight.shape[0]
             )
+            unique = s.unique[: before[0].shape[0]]
             self._verify_update(entry, before, weight, state, unique, grads, optimizer, params)
 
     def dedup(self, keys: Tensor) -> tuple[Tensor, Tensor]:
@@ -786,9 +941,13 @@ class CudaKernels:
         negative = (keys_c < 0).any()
         insert, inverse_entry = info.entries
         self._launch(info, insert, n, [keys_c, n, table, capacity - 1, slot_of])
-        occupied = torch.nonzero(table != -1).squeeze(1)
-        if bool(negative):
+        full = table != -1
+        # the one wait: the distinct keys' count (the size of the result), read together
+        # with the check of the keys
+        count, bad = torch.stack([full.sum(), negative.long()]).tolist()
+        if bad:
             raise ValueError("dedup: keys must be non-negative")
+        occupied = torch.nonzero_static(full, size=count).squeeze(1)
         unique, order = torch.sort(table[occupied])
         slot_rank = torch.empty(capacity, dtype=torch.int64, device=keys.device)
         slot_rank[occupied[order]] = torch.arange(unique.numel(), device=keys.device)

@@ -582,6 +582,15 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw
             cand.pooled_forward(weight, ids, offsets, None, "sum")
             cand.pooled_backward(grad, ids, offsets, None, "sum", rows)
 
+        padded = getattr(cand, "pooled_backward_padded", None)
+
+        def ours_backward_padded() -> None:
+            cand.pooled_forward(weight, ids, offsets, None, "sum")
+            if padded is not None:
+                padded(grad, ids, offsets, None, "sum", rows)
+            else:
+                cand.pooled_backward(grad, ids, offsets, None, "sum", rows)
+
         def ours_step() -> None:
             cand.pooled_forward(weight, ids, offsets, None, "sum")
             if fused is not None:
@@ -605,6 +614,12 @@ def _time_case(rep, timer, cand, bag, weight, state, batch, hot, skewed, copy_bw
             (
                 "forward + backward to row gradients (ours)",
                 ours_backward,
+                "EmbeddingBag forward + backward (sparse gradient)",
+                bag_backward,
+            ),
+            (
+                "forward + backward to row gradients, counts on the device (ours, padded)",
+                ours_backward_padded,
                 "EmbeddingBag forward + backward (sparse gradient)",
                 bag_backward,
             ),
@@ -783,13 +798,14 @@ _ROWS_PER_GROUP_BODY = """(
     const float* __restrict__ grad_out, const i64* __restrict__ offsets,
     const float* __restrict__ per_id_weights, const i64* __restrict__ occ_bag,
     const i64* __restrict__ sorted_occ, const i64* __restrict__ seg,
-    const cfg::key_t* __restrict__ unique_rows, i64 num_unique,
+    const cfg::key_t* __restrict__ unique_rows, const i64* __restrict__ count,
     float* __restrict__ row_grads) {
   // @R@ distinct rows a group, their occurrences walked side by side: @R@ chains of
   // dependent loads in flight per lane instead of one
   const i64 gid = (i64)blockIdx.x * cfg::BLOCK + threadIdx.x;
   const i64 u0 = gid / cfg::GROUP * @R@;
   const int lane = (int)(gid % cfg::GROUP);
+  const i64 num_unique = *count;
   if (u0 >= num_unique) return;
   float g[@R@][cfg::CHUNKS][cfg::VEC];
   i64 k[@R@], end[@R@];
@@ -900,7 +916,9 @@ def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> 
     for batch, hot, skewed in cases:
         ids, offsets = fixed_bags(batch, hot, rows, skewed, device)
         grad = torch.randn(batch, dim, device=device)
-        unique, seg, sorted_occ, longest = cand._segments(ids, rows)
+        segs = cand._segments(ids, rows)
+        unique = segs.unique[: int(segs.count.item())]
+        seg, sorted_occ, longest = segs.seg, segs.sorted_occ, int(segs.longest.item())
         occ_bag = bag_of_ids(offsets, ids.numel())
         sorted_bag = occ_bag[sorted_occ]
         identity = torch.arange(ids.numel(), device=device)
@@ -921,7 +939,7 @@ def tune_backward(rep: Report, cand, ref, device, small: bool, timer: Timer) -> 
                         ("ptr", b.data_ptr()),
                         ("ptr", seg.data_ptr()),
                         ("ptr", unique.data_ptr()),
-                        ("i64", unique.numel()),
+                        ("ptr", segs.count.data_ptr()),
                         ("ptr", out.data_ptr()),
                     ]
                     groups = -(-unique.numel() // per_group)
@@ -1063,7 +1081,7 @@ def tune_section(rep: Report, cand, ref, device, small: bool) -> None:
     parts = [
         ("ours: forward", lambda: cand.pooled_forward(weight, ids, offsets, None, "sum")),
         (
-            "ours: sort into segments (torch.sort + unique_consecutive)",
+            "ours: sort into segments (torch.sort, counts on the device)",
             lambda: cand._segments(ids, rows),
         ),
         (

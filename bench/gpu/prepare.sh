@@ -2,7 +2,8 @@
 # Prepare, on a machine with embarkc installed (this repository's .venv), what the GPU
 # machine lacks for bench/gpu/run.sh's trainer section:
 #   * bench/gpu/.build/tiny1: bench/gpu/tiny1.embark compiled (train.py, plan.json,
-#     kernels/), since the GPU machine has no lark or ortools to compile it;
+#     kernels/), since the GPU machine has no lark or ortools to compile it, and
+#     bench/gpu/.build/e2e_*: bench/gpu/e2e.py's variants of criteo_kaggle on one GPU;
 #   * .whl/: pydantic's wheels for the GPU machine's Python (3.12, x86-64), which train.py
 #     needs to read plan.json and which that machine's image does not hold.
 # Both are git-ignored; pass them to the device tool as carry: [".whl", "bench/gpu/.build"].
@@ -15,6 +16,7 @@ if [ "${1:-}" = "--python-version" ]; then pyver="$2"; fi
 cd "$root"
 python="${PYTHON:-$root/.venv/bin/python}"
 "$python" -m embarkc.cli compile bench/gpu/tiny1.embark -o bench/gpu/.build/tiny1 -q
+"$python" bench/gpu/e2e.py --prepare   # bench/gpu/.build/e2e_{h1,h8,multi}
 rm -rf .whl
 mkdir -p .whl
 for pkg in pydantic pydantic-core annotated-types typing-inspection typing-extensions; do

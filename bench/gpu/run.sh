@@ -5,16 +5,20 @@
 # a one-GPU spec against its reference (bench/gpu/trainer_check.py). Needs a CUDA GPU with torch and cupy
 # (cupy-cuda12x or cupy-cuda13x); no network, no install of this repository (it runs from
 # the checkout). For the trainer section, run bench/gpu/prepare.sh first where embarkc is
-# installed and carry .whl and bench/gpu/.build to the GPU machine.
+# installed and carry .whl and bench/gpu/.build to the GPU machine. Then bench/gpu/e2e.py:
+# whole training steps of criteo_kaggle on one GPU against a plain PyTorch DLRM
+# (EmbeddingBag), at 1, 8 and a mean of 4 ids a feature (its own 4-minute budget).
 #
 #   bench/gpu/run.sh                      # check + time + tune + trainer, markdown on stdout
 #   bench/gpu/run.sh --out bench/gpu/last_run.md
 #   bench/gpu/run.sh --sections check     # correctness only
 #   bench/gpu/run.sh --allow-no-gpu       # exits 0 on a machine without a GPU
+#   bench/gpu/run.sh --no-e2e             # the kernels only
 #
 # Exit code: 0 all checks passed, 1 a check failed, 2 no CUDA device (0 with
 # --allow-no-gpu) or an --out that cannot be written, 124 the 5-minute budget ran out
-# (what was measured is printed, and is in --out).
+# (what was measured is printed, and is in --out); the kernels' status first, else e2e's
+# (1: its two sides' losses disagree).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-$(command -v python || command -v python3)}"
@@ -25,7 +29,28 @@ if ! "$python" -c "import pydantic" 2>/dev/null && ls "$wheels"/*.whl >/dev/null
   "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" "$wheels"/*.whl && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if command -v timeout >/dev/null 2>&1; then
-  exec timeout --foreground 295 "$python" "$here/bench_kernels.py" "$@"
+# bench/gpu/e2e.py after the kernels: whole training steps of criteo_kaggle on one GPU
+# against a plain PyTorch DLRM (--no-e2e leaves it out); its table goes beside --out as
+# e2e.md (stdout without --out)
+args=() out="" e2e=1 prev=""
+for a in "$@"; do
+  if [ "$a" = "--no-e2e" ]; then e2e=0; else args+=("$a"); fi
+  if [ "$prev" = "--out" ]; then out="$a"; fi
+  case "$a" in --out=*) out="${a#--out=}" ;; esac
+  prev="$a"
+done
+limit() {  # run "$@" under a wall-clock limit of $1 seconds where timeout exists
+  local s="$1"; shift
+  if command -v timeout >/dev/null 2>&1; then timeout --foreground "$s" "$@"; else "$@"; fi
+}
+limit 295 "$python" "$here/bench_kernels.py" "${args[@]}"
+status=$?
+if [ "$e2e" = 1 ] && [ "$status" -ne 2 ] && [ "$status" -ne 124 ]; then
+  e2e_args=()
+  if [ -n "$out" ]; then e2e_args+=(--out "$(dirname "$out")/e2e.md"); fi
+  case " ${args[*]} " in *" --allow-no-gpu "*) e2e_args+=(--allow-no-gpu) ;; esac
+  limit 240 "$python" "$here/e2e.py" "${e2e_args[@]}"
+  e2e_status=$?
+  if [ "$status" -eq 0 ]; then status=$e2e_status; fi
 fi
-exec "$python" "$here/bench_kernels.py" "$@"
+exit "$status"

@@ -8,6 +8,10 @@
 // sorted_occ. One group of GROUP threads per distinct row walks its occurrences, so every
 // row is updated by exactly one group: no atomics, and the sum is taken in the
 // occurrences' original order.
+//
+// How many distinct rows there are stays on the device (num_unique points at it): the
+// host launches groups for a capacity it knows without waiting for the sort (the ids of
+// the batch), and the groups past the count leave at once.
 // Shared definitions of every embarkc kernel: integer and storage types, the fp16/bf16
 // conversions and the 16-byte vector load/store helpers, then this instantiation's
 // compile-time constants (namespace cfg). The kernels include no header at all, so NVRTC
@@ -169,9 +173,9 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_bwd_sgd_w16_fp32
     const float* __restrict__ per_id_weights,  // [nnz], or null when not WEIGHTED
     const i64* __restrict__ occ_bag,           // [nnz] bag of every occurrence
     const i64* __restrict__ sorted_occ,        // [nnz] occurrences sorted by row, stable
-    const i64* __restrict__ seg,               // [num_unique + 1] segment bounds in sorted_occ
-    const cfg::key_t* __restrict__ unique_rows,  // [num_unique] the distinct rows, ascending
-    i64 num_unique,
+    const i64* __restrict__ seg,               // [capacity + 1] segment bounds in sorted_occ
+    const cfg::key_t* __restrict__ unique_rows,  // [capacity] the distinct rows, ascending
+    const i64* __restrict__ num_unique,        // [1] how many distinct rows, on the device
     cfg::storage_t* __restrict__ weight,       // [num_rows, WIDTH], updated in place
     float* __restrict__ state0, float* __restrict__ state1, cfg::step_t* __restrict__ state2,
     float lr, float eps, double beta1, double beta2, float weight_decay) {
@@ -179,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(cfg::BLOCK) embark_bwd_sgd_w16_fp32
   const i64 u = gid / cfg::GROUP;
   const int lane = (int)(gid % cfg::GROUP);
   // whole groups leave together, so the group's shuffles see all of its lanes
-  if (u >= num_unique) return;
+  if (u >= *num_unique) return;
 
   float g[cfg::CHUNKS][cfg::VEC];
 #pragma unroll
