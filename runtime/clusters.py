@@ -129,10 +129,13 @@ class Cluster:
         order = {t.name: i for i, t in enumerate(self.tables)}
         self.row_shards = {t.name: 1 for t in self.tables}
         self.cells_on: dict[int, list[CellKey]] = {r: [] for r in range(comm.world)}
+        tiers: dict[CellKey, tuple[str, int]] = {}
         for s in plan.shards:
             if s.table in order:
                 self.row_shards[s.table] = s.row_shards
-                self.cells_on[s.rank].append(CellKey(s.table, s.row_shard, *s.columns))
+                key = CellKey(s.table, s.row_shard, *s.columns)
+                self.cells_on[s.rank].append(key)
+                tiers[key] = (s.tier or "hbm", s.cache_rows or 0)
         for r in self.cells_on:
             self.cells_on[r].sort(key=lambda c: (order[c.table], c.row_shard, c.lo))
         self.rowshards_on = {
@@ -143,11 +146,34 @@ class Cluster:
         self.cells: dict[CellKey, Cell] = {}
         for c in self.cells_on[me]:
             t = self.table_by_name[c.table]
+            tier, cache_rows = tiers[c]
             self.cells[c] = new_cell(
-                t, c.row_shard, self.row_shards[c.table], (c.lo, c.hi), self.partition, seed, device
-            )
+                t, c.row_shard, self.row_shards[c.table], (c.lo, c.hi), self.partition, seed,
+                device, tier=tier, cache_rows=cache_rows,
+            )  # fmt: skip
         self.any_weighted = any(f.weighted for fs in self.features.values() for f in fs)
         self.any_concat = any(f.pooling == "concat" for fs in self.features.values() for f in fs)
+
+    def resident(self, key: CellKey, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights, index) for this step's lookup of local `rows` of a cell: the cell's
+        weight and `rows` themselves in HBM; for a host-tier cell, the rows admitted to its
+        cache (embark_runtime.cache) read into a buffer of the distinct rows, and every
+        id's position in it. The values are the same either way."""
+        cell = self.cells[key]
+        if cell.cache is None:
+            return cell.weight, rows
+        unique, inverse = self.kernels.dedup(rows)
+        counts = torch.bincount(inverse, minlength=unique.numel()) if rows.numel() else None
+        slots = cell.cache.admit(unique, counts)
+        return cell.cache.read(unique, slots), inverse
+
+    def update_cell(self, key: CellKey, rows: Tensor, grads: Tensor) -> None:
+        cell = self.cells[key]
+        table = self.table_by_name[key.table]
+        if cell.cache is not None:
+            cell.cache.update(self.kernels, rows, grads, table)
+            return
+        apply_update(self.kernels, cell.weight, cell.state, rows, grads, table)
 
     def feature_slots(self, table: str, b: int) -> list[int]:
         return [b * f.bag_max if f.pooling == "concat" else b for f in self.features[table]]
@@ -353,12 +379,6 @@ class ShardedCluster(Cluster):
             chunks, counts, scope=scope, traffic=traffic, cluster=self.name, async_op=async_op
         )
 
-    def update_cell(self, key: CellKey, rows: Tensor, grads: Tensor) -> None:
-        cell = self.cells[key]
-        apply_update(
-            self.kernels, cell.weight, cell.state, rows, grads, self.table_by_name[key.table]
-        )
-
 
 # --------------------------------------------------------------------------- rb
 
@@ -498,9 +518,8 @@ class RbCluster(ShardedCluster):
         pooled = {}
         for c in self.cells_on[me]:
             ob = owner[(c.table, c.row_shard)]
-            pooled[c] = self.kernels.pooled_forward(
-                self.cells[c].weight, ob.rows, ob.offsets, ob.weights, "sum"
-            )
+            weight, rows = self.resident(c, ob.rows)
+            pooled[c] = self.kernels.pooled_forward(weight, rows, ob.offsets, ob.weights, "sum")
 
         def piece(c: CellKey, r: int) -> Tensor:
             s, e = owner[(c.table, c.row_shard)].blocks[r]
@@ -894,12 +913,11 @@ class UbCluster(ShardedCluster):
         return rows, blocks
 
     def _lookup(self, rows) -> dict[CellKey, Tensor]:
-        return {
-            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).to(
-                self.acc
-            )
-            for c in self.cells_on[self.comm.rank]
-        }
+        out = {}
+        for c in self.cells_on[self.comm.rank]:
+            weight, index = self.resident(c, rows[(c.table, c.row_shard)])
+            out[c] = self.kernels.gather_rows(weight, index).to(self.acc)
+        return out
 
     def _forward_flat(self, kd: KeyDist, splits, table_rows, traffic, saved: dict) -> None:
         comm, me = self.comm, self.comm.rank

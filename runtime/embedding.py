@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from embark_runtime.cache import CacheStats
 from embark_runtime.clusters import CLUSTER_KINDS, Cluster, DpCluster
 from embark_runtime.comm import Comm, Traffic
 from embark_runtime.distributor import BatchError, FeatureInput, prepare_batch
@@ -253,8 +254,35 @@ class ShardedEmbeddings(torch.nn.Module):
         """The table's whole optimizer state on every rank. Collective."""
         return self._gather(name)[1]
 
-    def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def flush(self) -> None:
+        """Complete the last backward and write every host-tier cache back, so that every
+        cell's `weight` and `state` hold the current values (see embark_runtime.cache).
+        Local: each rank flushes its own cells."""
         self.finish_backward()
+        for c in self.clusters:
+            for cell in c.cells.values():
+                if cell.cache is not None:
+                    cell.cache.flush()
+
+    def invalidate_caches(self) -> None:
+        """Forget every host-tier cache after the cells' host copies were overwritten."""
+        for c in self.clusters:
+            for cell in c.cells.values():
+                if cell.cache is not None:
+                    cell.cache.invalidate()
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """This rank's host-tier cache counters per cluster since the last call (then
+        reset); clusters without a host-tier cell are left out."""
+        out: dict[str, CacheStats] = {}
+        for c in self.clusters:
+            for cell in c.cells.values():
+                if cell.cache is not None:
+                    out.setdefault(c.name, CacheStats()).add(cell.cache.take_stats())
+        return out
+
+    def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+        self.flush()
         c = self._cluster_of(name)
         t = c.table_by_name[name]
         if isinstance(c, DpCluster):
@@ -273,12 +301,12 @@ class ShardedEmbeddings(torch.nn.Module):
             g = global_rows(
                 t.rows, key.row_shard, cell.row_shards, self.plan.row_partition, self.device
             )
-            weight[g, key.lo : key.hi] = cell.weight.float()
+            weight[g, key.lo : key.hi] = cell.weight.float().to(self.device)
             for sname, s in cell.state.items():
                 if s.dim() == 2:
-                    state[sname][g, key.lo : key.hi] = s
+                    state[sname][g, key.lo : key.hi] = s.to(self.device)
                 elif key.lo == 0:
-                    state[sname][g] = s
+                    state[sname][g] = s.to(self.device)
         self.comm.all_reduce(weight)
         for sname in STATE_NAMES[t.optimizer]:
             self.comm.all_reduce(state[sname])
@@ -289,7 +317,7 @@ class ShardedEmbeddings(torch.nn.Module):
         """This rank's cells as embark_runtime.checkpoint.CellState (dp tables on rank 0)."""
         from embark_runtime.checkpoint import CellState
 
-        self.finish_backward()
+        self.flush()
         out = []
         for c in self.clusters:
             if isinstance(c, DpCluster) and self.rank != 0:

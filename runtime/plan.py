@@ -10,6 +10,7 @@ neither torch nor the compiler.
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params (.schedule when set), tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
+  shards[].tier, shards[].cache_rows (host-tier cells, written only when set)
   topology.{arch, dense_flops, constants}, model (.optimizer.schedule, .precision when
   set), seed, estimate.{critical_rank, critical_path,
   components, per_rank[].components, per_rank[].memory, per_table, key_window},
@@ -251,6 +252,15 @@ class Shard(_M):
     row_shards: int = Field(gt=0, le=MAX_ROWS)
     columns: tuple[int, int]
     rank: int
+    tier: Literal["hbm", "host"] | None = None
+    """Our field, written only when not HBM: "host" keeps the cell's rows (with their
+    optimizer state) in the host memory of the rank's node (docs/host_tier.md)."""
+    cache_rows: int | None = Field(default=None, ge=0, le=MAX_ROWS)
+    """Our field, host tier only: rows of the cell cached in HBM (absent or 0: uncached)."""
+
+    @property
+    def on_host(self) -> bool:
+        return self.tier == "host"
 
     @property
     def width(self) -> int:
@@ -443,8 +453,24 @@ class Plan(_M):
         block = -(-rows // row_shards)
         return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
 
+    def cell_hbm_rows(self, s: Shard) -> int:
+        """Rows of shard `s` held in HBM: all of them, or a host-tier cell's cache."""
+        if s.on_host:
+            return s.cache_rows or 0
+        return self.row_count(s.table, s.row_shard, s.row_shards)
+
+    def host_memory_by_rank(self) -> list[int]:
+        """Weights plus optimizer state of every rank's host-tier cells (host memory)."""
+        mem = [0] * self.world_size
+        for s in self.shards:
+            if s.on_host:
+                rows = self.row_count(s.table, s.row_shard, s.row_shards)
+                mem[s.rank] += self.table(s.table).bytes_for(rows, s.width)
+        return mem
+
     def memory_by_rank(self) -> list[int]:
-        """Weights plus optimizer state placed on every rank (dp tables replicated)."""
+        """Weights plus optimizer state placed in every rank's HBM (dp tables replicated;
+        a host-tier cell counts its cache)."""
         mem = [0] * self.world_size
         for c in self.clusters:
             if c.kind == "dp":
@@ -454,7 +480,7 @@ class Plan(_M):
                     mem = [m + b for m in mem]
         for s in self.shards:
             t = self.table(s.table)
-            mem[s.rank] += t.bytes_for(self.row_count(s.table, s.row_shard, s.row_shards), s.width)
+            mem[s.rank] += t.bytes_for(self.cell_hbm_rows(s), s.width)
         return mem
 
 
@@ -584,6 +610,10 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                         "rule 2",
                         f"columns of `{name}` row shard {j} cover [0, {pos}), not [0, {dim})",
                     )
+    for i, s in enumerate(plan.shards):
+        problem = tier_problem(plan, s)
+        if problem:
+            raise PlanError(path, "tier", f"shards[{i}] (`{s.table}`): {problem}")
     if not plan.model_extra or not plan.model_extra.get("offload"):
         for rank, used in enumerate(plan.memory_by_rank()):
             if used > plan.topology.hbm_bytes:
@@ -593,6 +623,25 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                     f"rank {rank} holds {used} bytes of weights and optimizer state, more than "
                     f"hbm_bytes {plan.topology.hbm_bytes}",
                 )
+
+
+def tier_problem(plan: Plan, s: Shard) -> str | None:
+    """What is wrong with a shard's storage tier, or None: a cache is a host-tier cell's
+    and holds at most the cell's rows."""
+    if s.cache_rows is None:
+        return None
+    if not s.on_host:
+        return (
+            f"cache_rows {s.cache_rows} is given but the cell is in HBM; "
+            'add "tier": "host" or remove cache_rows'
+        )
+    rows = plan.row_count(s.table, s.row_shard, s.row_shards)
+    if s.cache_rows > rows:
+        return (
+            f"cache_rows {s.cache_rows} is more than the cell's {rows} rows; "
+            f"give at most {rows} (or put the cell in HBM)"
+        )
+    return None
 
 
 def _own_rules(plan: Plan, path: str) -> None:
