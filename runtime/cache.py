@@ -222,8 +222,12 @@ class RowCache:
         if bool(cached.any()):
             s = slots[cached]
             kernels.sparse_update(
-                self.weight, self.state, s.to(self.device), grads[cached.to(grads.device)],
-                opt, params,
+                self.weight,
+                self.state,
+                s.to(self.device),
+                grads[cached.to(grads.device)],
+                opt,
+                params,
             )
             self.dirty[s] = True
         if not bool(cached.all()):

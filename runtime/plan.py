@@ -454,10 +454,10 @@ class Plan(_M):
         return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
 
     def cell_hbm_rows(self, s: Shard) -> int:
-        """Rows of shard `s` held in HBM: all of them, or a host-tier cell's cache."""
-        if s.on_host:
-            return s.cache_rows or 0
-        return self.row_count(s.table, s.row_shard, s.row_shards)
+        """Rows of shard `s` held in HBM: all of them, or a host-tier cell's cache (at most
+        the cell's rows: a larger cache is refused by its own rule, `tier_problem`)."""
+        rows = self.row_count(s.table, s.row_shard, s.row_shards)
+        return min(rows, s.cache_rows or 0) if s.on_host else rows
 
     def host_memory_by_rank(self) -> list[int]:
         """Weights plus optimizer state of every rank's host-tier cells (host memory)."""
@@ -610,10 +610,6 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                         "rule 2",
                         f"columns of `{name}` row shard {j} cover [0, {pos}), not [0, {dim})",
                     )
-    for i, s in enumerate(plan.shards):
-        problem = tier_problem(plan, s)
-        if problem:
-            raise PlanError(path, "tier", f"shards[{i}] (`{s.table}`): {problem}")
     if not plan.model_extra or not plan.model_extra.get("offload"):
         for rank, used in enumerate(plan.memory_by_rank()):
             if used > plan.topology.hbm_bytes:
@@ -646,9 +642,14 @@ def tier_problem(plan: Plan, s: Shard) -> str | None:
 
 def _own_rules(plan: Plan, path: str) -> None:
     """What embarkc's readers need of a plan beyond the contract's rules (docs/plan.md,
-    "Checking a plan"): the global batch splits evenly over the ranks (the trainer and
+    "Checking a plan"): a cache belongs to a host-tier cell and holds at most its rows;
+    the global batch splits evenly over the ranks (the trainer and
     the simulator give every rank the same number of samples), and the estimate speaks of
     every rank of the plan once (or of none: a plan that gives no per-rank estimate)."""
+    for i, s in enumerate(plan.shards):
+        problem = tier_problem(plan, s)
+        if problem:
+            raise PlanError(path, "tier", f"shards[{i}] (`{s.table}`): {problem}")
     world = plan.world_size
     if plan.batch_size % world:
         raise PlanError(
