@@ -1,20 +1,23 @@
-"""The host tier's CPU path: tiny.embark's step time by cache size.
+"""The host tier's CPU path: the cost of tiny.embark's embedding step by cache size.
 
-tiny.embark (with `host_memory 64 MiB` added to its hardware) is planned once; every cell
-of the plan is then put in host memory with a cache of each --caches size (a number of
-rows, capped at the cell's rows; `all`: the whole cell; `hbm`: the plan as planned, the
-baseline), compiled with `embarkc compile --plan`, and trained under torchrun on --ranks
-CPU processes for --steps steps, --rounds times alternating the sizes. Printed per size:
-the median over runs of the median step time (rank 0's `step_s`, first step left out),
-its ratio to HBM, and the hit rate and per-step evictions and host reads summed over the
-clusters and ranks (the log's `cache` field).
+tiny.embark's tables on one rank (its hardware set to 1 node x 1 GPU with 64 MiB of HBM
+and host memory, so that the planner shards nothing and every table is one cell of an rb
+or ub cluster) are planned once; every cell is then put in host memory with a cache of
+each --caches size (rows, capped at the cell's rows; `all`: the whole cell; `hbm`: the
+plan as planned, the baseline). For each size, `ShardedEmbeddings` (exact numerics,
+world 1) trains --steps steps of tiny's synthetic batches (256 samples): the lookup,
+`loss.backward()` (the fused sparse update) and the next batch's prefetch, as the
+trainer runs them. Printed per size: the median over steps (first step left out) of the
+step's CPU time of this process (single-threaded: robust to other jobs on the machine),
+its ratio to HBM, and the cache's hit rate, evictions and host reads per step.
 
 On the CPU "host" and "device" are the same memory, so this measures the cache's own
-bookkeeping and copies (admission, gather of the step's rows, staged updates of rows
-served from host, write-backs), not a PCIe transfer.
+bookkeeping and copies (admission, the step's rows gathered into a buffer, staged updates
+of the rows served from host, write-backs), not a PCIe transfer. --rounds repeats the
+sizes, alternating, and keeps each size's median of the rounds.
 
     python bench/host_tier.py                            # prints the table
-    python bench/host_tier.py --steps 30 --rounds 2 --caches hbm,0,8,64,512,all
+    python bench/host_tier.py --steps 40 --rounds 3 --caches hbm,0,8,64,512,4096,all
 """
 
 from __future__ import annotations
@@ -25,14 +28,32 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
+SPEC_EDITS = (
+    ("  nodes 2\n  gpus_per_node 2\n  hbm 4 MiB\n", "  nodes 1\n  gpus_per_node 1\n  hbm 64 MiB\n"),
+    ("  arch sm_80\n", "  arch sm_80\n  host_memory 64 MiB\n"),
+)
+
+
+def one_rank_plan(tmp: Path) -> dict:
+    """The plan of tiny.embark's tables on one GPU (the bench's baseline)."""
+    from embarkc.cli import main as embarkc
+
+    text = (ROOT / "specs" / "tiny.embark").read_text()
+    for old, new in SPEC_EDITS:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    spec = tmp / "tiny1.embark"
+    spec.write_text(text)
+    assert embarkc(["plan", str(spec), "-o", str(tmp / "plan.json"), "-q"]) == 0
+    return json.loads((tmp / "plan.json").read_text())
 
 
 def host_plan(plan: dict, cache: str) -> dict:
@@ -48,76 +69,80 @@ def host_plan(plan: dict, cache: str) -> dict:
     return out
 
 
-def run(program: Path, ranks: int, steps: int, log: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc-per-node", str(ranks), str(program / "train.py"), "--quiet"]
-    cmd += ["--steps", str(steps), "--eval-batches", "0", "--log-json", str(log)]
-    for attempt in range(2):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode == 0:
-            break
-        # a torchrun launch can lose its rendezvous on a busy machine: retry once
-        print(f"torchrun failed (attempt {attempt + 1}): {r.stderr[-500:]}", file=sys.stderr)
-    else:
-        raise SystemExit(f"torchrun failed twice for {program}")
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    return [x for x in records if "step_s" in x and not x.get("eval") and not x.get("summary")]
+def measure(plan_data: dict, steps: int) -> tuple[list[float], list[dict]]:
+    """CPU seconds of every step and the cache counters of every step (world 1)."""
+    import torch
+
+    from embark_runtime.embedding import ShardedEmbeddings
+    from embark_runtime.kernels import TorchKernels
+    from embark_runtime.plan import parse_plan
+    from embark_runtime.synthetic import SyntheticData
+
+    plan = parse_plan(json.dumps(plan_data))
+    emb = ShardedEmbeddings(plan, 0, 1, kernels=TorchKernels(torch.float64))
+    data = SyntheticData(plan, seed=0)
+    batches = [data.global_batch(s).sparse for s in range(steps + 1)]
+    gen = torch.Generator().manual_seed(0)
+    times, stats = [], []
+    for s in range(steps):
+        t0 = time.process_time()
+        out = emb(batches[s])
+        emb.prefetch(batches[s + 1])
+        loss = sum(
+            (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in out.values()
+        )
+        loss.backward()
+        emb.finish_backward()
+        times.append(time.process_time() - t0)
+        stats.append({k: v.as_list() for k, v in emb.cache_stats().items()})
+    return times, stats
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--caches", default="hbm,0,8,64,512,all")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--caches", default="hbm,0,8,64,512,4096,all")
     a = ap.parse_args(argv)
-    from embarkc.cli import main as embarkc
+    import torch
 
+    from embark_runtime.cache import STAT_NAMES
+
+    torch.set_num_threads(1)
     sizes = a.caches.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        spec = d / "tiny.embark"
-        text = (ROOT / "specs" / "tiny.embark").read_text()
-        spec.write_text(text.replace("  arch sm_80\n", "  arch sm_80\n  host_memory 64 MiB\n"))
-        assert embarkc(["compile", str(spec), "-o", str(d / "hbm"), "-q"]) == 0
-        plan = json.loads((d / "hbm" / "plan.json").read_text())
-        programs = {"hbm": d / "hbm"}
+        base_plan = one_rank_plan(Path(tmp))
+    plans = {s: base_plan if s == "hbm" else host_plan(base_plan, s) for s in sizes}
+    medians: dict[str, list[float]] = {s: [] for s in sizes}
+    counters: dict[str, list[dict]] = {s: [] for s in sizes}
+    for _ in range(a.rounds):
         for size in sizes:
-            if size == "hbm":
-                continue
-            p = d / f"plan-{size}.json"
-            p.write_text(json.dumps(host_plan(plan, size)))
-            out = d / f"host-{size}"
-            assert embarkc(["compile", str(spec), "--plan", str(p), "-o", str(out), "-q"]) == 0
-            programs[size] = out
-        medians: dict[str, list[float]] = {s: [] for s in sizes}
-        caches: dict[str, list[dict]] = {s: [] for s in sizes}
-        for rnd in range(a.rounds):
-            for size in sizes:
-                recs = run(programs[size], a.ranks, a.steps, d / f"log-{size}-{rnd}.jsonl")
-                medians[size].append(statistics.median(x["step_s"] for x in recs[1:]))
-                caches[size] += [x["cache"] for x in recs[1:] if "cache" in x]
+            times, stats = measure(plans[size], a.steps)
+            medians[size].append(statistics.median(times[1:]))
+            counters[size] += stats[1:]
+    kinds = sorted({c["kind"] for c in base_plan["clusters"]})
+    print(
+        f"# host tier, tiny.embark's tables on 1 rank ({', '.join(kinds)}), {a.steps} steps x "
+        f"{a.rounds} rounds, CPU time; {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, {datetime.date.today()}"
+    )
+    print(
+        "| cache rows per cell | CPU per step | vs HBM | hit rate | evictions/step | host reads/step |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     base = statistics.median(medians["hbm"]) if "hbm" in medians else None
-    print(
-        f"# host tier, tiny.embark on {a.ranks} CPU ranks, {a.steps} steps x {a.rounds} "
-        f"round(s); {platform.node()} {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, {datetime.date.today()}"
-    )
-    print(
-        "| cache rows per cell | step (median) | vs HBM | hit rate | evictions/step | host reads/step |"
-    )
-    print("| --- | --- | --- | --- | --- | --- |")
     for size in sizes:
         t = statistics.median(medians[size])
         ratio = f"{t / base:.2f}x" if base else "-"
-        c = caches[size]
-        if c:
+        steps = counters[size]
+        if any(steps):
             tot = {
-                k: sum(v[k] for step in c for v in step.values())
-                for k in ("hits", "lookups", "evictions", "host_reads")
+                name: sum(v[i] for step in steps for v in step.values())
+                for i, name in enumerate(STAT_NAMES)
             }
-            hit = f"{100 * tot['hits'] / tot['lookups']:.1f}%"
-            ev, hr = f"{tot['evictions'] / len(c):,.0f}", f"{tot['host_reads'] / len(c):,.0f}"
+            hit = f"{100 * tot['hits'] / max(1, tot['lookups']):.1f}%"
+            ev = f"{tot['evictions'] / len(steps):,.0f}"
+            hr = f"{tot['host_reads'] / len(steps):,.0f}"
         else:
             hit = ev = hr = "-"
         label = "HBM (as planned)" if size == "hbm" else size
@@ -126,4 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -28,9 +28,12 @@ fetched (dirty). Every copy is exact and every row's update is the same fp32 ari
 whatever its residence, so training with any cache size gives the unsharded reference's
 values bit for bit in exact numerics.
 
-Not done here: fetching the next batch's misses while the current step runs (the owner
-learns its rows only when the key traffic of the next step is received, inside the
-forward), see docs/host_tier.md.
+Read-ahead: when the next batch was prefetched (ShardedEmbeddings.prefetch), the
+`admit` and `read` of its step run as soon as the current step's updates are all applied
+(`ShardedEmbeddings.finish_backward`), not at its lookup: the fetches then overlap the
+dense optimizer step and the next dense forward. Nothing changes a row in between, so
+the values are the same; the counters of that admission go to the step that reads it
+(`ahead`). See docs/host_tier.md.
 """
 
 from __future__ import annotations
@@ -117,6 +120,9 @@ class RowCache:
         self.dirty = torch.zeros(capacity, dtype=torch.bool)
         self.clock = 0
         self.stats = CacheStats()
+        self.ahead = CacheStats()
+        """counters of a lookup made ahead for the next step (ShardedEmbeddings'
+        read-ahead), added to `stats` when that step reads it"""
 
     # ------------------------------------------------------------------ the step
     def admit(self, rows: Tensor, counts: Tensor | None = None) -> Tensor:
@@ -254,6 +260,10 @@ class RowCache:
         self.row_in.fill_(-1)
         self.last_use.fill_(-1)
         self.dirty.fill_(False)
+
+    def take_ahead(self) -> CacheStats:
+        out, self.ahead = self.ahead, CacheStats()
+        return out
 
     def take_stats(self) -> CacheStats:
         """The counters since the last call, and reset them."""

@@ -5,6 +5,7 @@ rules, the hardware keys, and `embarkc check`'s tier-aware memory rules."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -219,7 +220,10 @@ def test_check_and_compile_accept_a_hand_edited_host_tier_plan(tiny_host, tmp_pa
     spec, plan = tiny_host
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(_with_tiers(plan, {0: 2, 1: 0})))
+    capsys.readouterr()
     assert embarkc(["check", str(spec), str(path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"host tier +2 cells in host memory, 2 rows cached in HBM; at most", out)
     assert (
         embarkc(["compile", str(spec), "--plan", str(path), "-o", str(tmp_path / "o"), "-q"]) == 0
     )
@@ -282,3 +286,56 @@ def test_hardware_host_keys_and_presets(tmp_path, capsys):
     assert embarkc(["compile", str(spec), "--dump", "ir"]) == 2
     err = capsys.readouterr().err
     assert "host_memory must be" in err and "host_bandwidth: missing unit" in err
+
+
+# --------------------------------------------------------------------------- read ahead
+
+
+def _one_rank(overlap: bool, steps: int = 6):
+    """Train a one-rank plan (an rb and a ub table, every cell in host memory with a cache
+    of 3 rows) for `steps` steps; returns (tables, state, staged counts per step)."""
+    from mp_harness import FeatureSpec, TableSpec, make_plan, random_global_batch
+
+    from embark_runtime.embedding import ShardedEmbeddings
+
+    plan = make_plan(
+        [TableSpec("a", 40, 4, "rb", (2, 1), "adagrad"), TableSpec("b", 30, 4, "ub", (1, 2))],
+        [FeatureSpec("fa", "a", 3.0, "sum", 5), FeatureSpec("fb", "b", 2.0, "mean", 4)],
+        nodes=1,
+        gpus_per_node=1,
+        batch_size=8,
+    )
+    shards = [s.model_copy(update={"tier": "host", "cache_rows": 3}) for s in plan.shards]
+    plan = plan.model_copy(update={"shards": shards})
+    emb = ShardedEmbeddings(plan, 0, 1, kernels=KERNELS, overlap=overlap)
+    batches = [random_global_batch(plan, s, 5) for s in range(steps + 1)]
+    gen = torch.Generator().manual_seed(1)
+    staged = []
+    for s in range(steps):
+        out = emb(batches[s])
+        emb.prefetch(batches[s + 1])
+        loss = sum(
+            (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in out.values()
+        )
+        loss.backward()
+        emb.finish_backward()
+        staged.append(sum(len(c.staged) for c in emb.clusters))
+    return (
+        {t.name: emb.gather_table(t.name) for t in plan.tables},
+        {t.name: emb.gather_state(t.name) for t in plan.tables},
+        staged,
+    )
+
+
+def test_the_next_steps_rows_are_fetched_ahead_and_train_the_same_tables():
+    """With the next batch prefetched, the host-tier cells admit and read its rows once
+    the step's updates are applied (before its forward): the same tables and state as
+    reading them at the lookup, bit for bit."""
+    ahead_t, ahead_s, staged = _one_rank(overlap=True)
+    plain_t, plain_s, none = _one_rank(overlap=False)
+    assert staged == [4] * 6  # a's two row shards and b's two column cells, every step
+    assert none == [0] * 6
+    for name in ahead_t:
+        assert torch.equal(ahead_t[name], plain_t[name]), name
+        for k in ahead_s[name]:
+            assert torch.equal(ahead_s[name][k], plain_s[name][k]), (name, k)
