@@ -10,7 +10,8 @@ neither torch nor the compiler.
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params (.schedule when set), tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
-  shards[].tier, shards[].cache_rows (host-tier cells, written only when set)
+  shards[].tier, shards[].cache_rows (host-tier cells, written only when set),
+  topology.{host_memory_bytes, host_bandwidth} (read when present)
   topology.{arch, dense_flops, constants}, model (.optimizer.schedule, .precision when
   set), seed, estimate.{critical_rank, critical_path,
   components, per_rank[].components, per_rank[].memory, per_table, key_window},
@@ -108,6 +109,12 @@ class PlanTopology(_M):
     """Peak fp32 FLOP/s per GPU; 0 (also when absent: plans written before it) credits no
     overlap of the key traffic with the dense compute."""
     arch: str = "sm_90"
+    host_memory_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)
+    """Host memory per node for host-tier cells (the spec's `host_memory`); absent: not
+    given. Read when present; the planner does not write it yet (docs/host_tier.md)."""
+    host_bandwidth: Bandwidth | None = None
+    """Host <-> GPU copy rate per GPU per direction (the spec's `host_bandwidth`); absent:
+    not given. Read when present; the planner does not write it yet."""
     constants: dict[str, Annotated[float, Field(gt=0, le=MAX_CONSTANT)]] | None = None
     """The cost model's constants the spec's hardware block set (efficiencies, latencies
     in seconds, the smallest read in bytes; the compiler's embarkc.planner.constants names

@@ -339,3 +339,23 @@ def test_the_next_steps_rows_are_fetched_ahead_and_train_the_same_tables():
         assert torch.equal(ahead_t[name], plain_t[name]), name
         for k in ahead_s[name]:
             assert torch.equal(ahead_s[name][k], plain_s[name][k]), (name, k)
+
+
+def test_the_plans_topology_may_carry_the_host_tier_hardware(tiny_host):
+    _, plan = tiny_host
+    topo = plan["topology"]
+    assert "host_memory_bytes" not in topo and "host_bandwidth" not in topo
+    plan = json.loads(json.dumps(plan))
+    plan["topology"].update(host_memory_bytes=64 << 20, host_bandwidth=55e9)
+    loaded = parse_plan(json.dumps(plan))
+    assert (loaded.topology.host_memory_bytes, loaded.topology.host_bandwidth) == (64 << 20, 55e9)
+    plan["topology"]["host_bandwidth"] = 0
+    with pytest.raises(PlanError, match="host_bandwidth"):
+        parse_plan(json.dumps(plan))
+
+
+def test_the_plan_schema_has_the_tier_fields_as_optional(capsys):
+    assert embarkc(["schema", "plan"]) == 0
+    shard = json.loads(capsys.readouterr().out)["$defs"]["Shard"]
+    assert {"tier", "cache_rows"} <= set(shard["properties"])
+    assert not {"tier", "cache_rows"} & set(shard.get("required", []))
