@@ -30,8 +30,8 @@ values bit for bit in exact numerics.
 
 Read-ahead: when the next batch was prefetched (ShardedEmbeddings.prefetch), the
 `admit` and `read` of its step run as soon as the current step's updates are all applied
-(`ShardedEmbeddings.finish_backward`), not at its lookup: the fetches then overlap the
-dense optimizer step and the next dense forward. Nothing changes a row in between, so
+(`ShardedEmbeddings.finish_backward`), not at its lookup (on the compute stream: a side
+stream overlapping the dense work is not done). Nothing changes a row in between, so
 the values are the same; the counters of that admission go to the step that reads it
 (`ahead`). See docs/host_tier.md.
 """
