@@ -359,3 +359,19 @@ def test_the_plan_schema_has_the_tier_fields_as_optional(capsys):
     shard = json.loads(capsys.readouterr().out)["$defs"]["Shard"]
     assert {"tier", "cache_rows"} <= set(shard["properties"])
     assert not {"tier", "cache_rows"} & set(shard.get("required", []))
+
+
+def test_tensorboard_gets_each_clusters_hit_rate(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from embark_runtime.phases import Scalars
+
+    s = Scalars(tmp_path)
+    base = {"loss": 1.0, "samples_per_s": 1.0, "bytes_total": 0, "step_s": 0.1}
+    for n, rate in enumerate([0.25, None, 0.5]):
+        s.step({**base, "step": n, "cache": {"ub0": {"hit_rate": rate}}})
+    s.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("cache_hit_rate/ub0")]
+    assert got == [(0, 0.25), (2, 0.5)]
