@@ -77,6 +77,7 @@ RATE_LIMITS = {
     "hbm_bandwidth": MAX_BANDWIDTH,
     "nvlink": MAX_BANDWIDTH,
     "network": MAX_BANDWIDTH,
+    "host_bandwidth": MAX_BANDWIDTH,
     "dense_flops": MAX_DENSE_FLOPS,
 }
 """The largest rate of each hardware field (bytes or FLOP/s per second per GPU)."""
@@ -157,6 +158,12 @@ class Topology(Node):
     """Peak fp32 FLOP/s per GPU (no tensor cores), the rate of the dense part's math:
     it sets how much of the next batch's key traffic hides under the dense compute
     (dense.prefetch_window). 0: unknown, no overlap is credited."""
+    host_memory: int | None = Field(default=None, gt=0)
+    """Host memory per node that host-tier cells may use (bytes; None: not given, so no
+    cell may be in host memory). docs/host_tier.md."""
+    host_bandwidth: float | None = Field(default=None, gt=0)
+    """Host <-> GPU copy rate per GPU per direction (PCIe Gen5 x16 ~55 GB/s, Grace
+    Hopper's NVLink-C2C ~450 GB/s): the rate of a host-tier cell's fetches and write-backs."""
     arch: str = "sm_90"
     """CUDA architecture the kernels are built for (sm_90 for H100/H200, sm_80 for A100)."""
     preset: str | None = None

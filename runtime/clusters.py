@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from embark_runtime.cache import CacheStats
 from embark_runtime.comm import Comm, Pending, Traffic
 from embark_runtime.distributor import (
     FeatureInput,
@@ -129,10 +130,13 @@ class Cluster:
         order = {t.name: i for i, t in enumerate(self.tables)}
         self.row_shards = {t.name: 1 for t in self.tables}
         self.cells_on: dict[int, list[CellKey]] = {r: [] for r in range(comm.world)}
+        tiers: dict[CellKey, tuple[str, int]] = {}
         for s in plan.shards:
             if s.table in order:
                 self.row_shards[s.table] = s.row_shards
-                self.cells_on[s.rank].append(CellKey(s.table, s.row_shard, *s.columns))
+                key = CellKey(s.table, s.row_shard, *s.columns)
+                self.cells_on[s.rank].append(key)
+                tiers[key] = (s.tier or "hbm", s.cache_rows or 0)
         for r in self.cells_on:
             self.cells_on[r].sort(key=lambda c: (order[c.table], c.row_shard, c.lo))
         self.rowshards_on = {
@@ -143,11 +147,70 @@ class Cluster:
         self.cells: dict[CellKey, Cell] = {}
         for c in self.cells_on[me]:
             t = self.table_by_name[c.table]
+            tier, cache_rows = tiers[c]
             self.cells[c] = new_cell(
-                t, c.row_shard, self.row_shards[c.table], (c.lo, c.hi), self.partition, seed, device
-            )
+                t, c.row_shard, self.row_shards[c.table], (c.lo, c.hi), self.partition, seed,
+                device, tier=tier, cache_rows=cache_rows,
+            )  # fmt: skip
+        self.staged: dict[CellKey, tuple[Tensor, Tensor]] = {}
+        """host-tier cells' lookups of the next step, made ahead by `stage`"""
         self.any_weighted = any(f.weighted for fs in self.features.values() for f in fs)
         self.any_concat = any(f.pooling == "concat" for fs in self.features.values() for f in fs)
+
+    def resident(self, key: CellKey, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights, index) for this step's lookup of local `rows` of a cell: the cell's
+        weight and `rows` themselves in HBM; for a host-tier cell, the rows admitted to its
+        cache (embark_runtime.cache) read into a buffer of the distinct rows, and every
+        id's position in it. The values are the same either way."""
+        cell = self.cells[key]
+        if cell.cache is None:
+            return cell.weight, rows
+        staged = self.staged.pop(key, None)
+        if staged is not None:
+            cell.cache.stats.add(cell.cache.take_ahead())
+            return staged
+        unique, inverse = self.kernels.dedup(rows)
+        counts = torch.bincount(inverse, minlength=unique.numel()) if rows.numel() else None
+        slots = cell.cache.admit(unique, counts)
+        return cell.cache.read(unique, slots), inverse
+
+    def has_host_tier(self) -> bool:
+        return any(cell.cache is not None for cell in self.cells.values())
+
+    def stage(self, dist_state, bvec) -> None:
+        """Make the host-tier cells' lookups of the step `dist_state` was distributed for
+        now (admission, fetches, the rows read), ahead of its forward: called once the
+        last step's updates are all applied, so that the values read are the forward's.
+        The forward then uses them (`resident`)."""
+        self.clear_staged()
+        for key, rows in self.owner_rows(dist_state, bvec).items():
+            cache = self.cells[key].cache
+            if cache is not None:
+                # the counters of this admission belong to the step that reads it
+                now, cache.stats = cache.stats, CacheStats()
+                self.staged[key] = self.resident(key, rows)
+                cache.ahead, cache.stats = cache.stats, now
+
+    def clear_staged(self) -> None:
+        """Forget the lookups made ahead (their step is not the next one, or the values
+        they read were overwritten); their counters go to the current step."""
+        for key in self.staged:
+            cache = self.cells[key].cache
+            assert cache is not None
+            cache.stats.add(cache.take_ahead())
+        self.staged = {}
+
+    def owner_rows(self, dist_state, bvec) -> dict[CellKey, Tensor]:
+        """Local rows (with repeats) this rank's cells read in the step of `dist_state`."""
+        return {}
+
+    def update_cell(self, key: CellKey, rows: Tensor, grads: Tensor) -> None:
+        cell = self.cells[key]
+        table = self.table_by_name[key.table]
+        if cell.cache is not None:
+            cell.cache.update(self.kernels, rows, grads, table)
+            return
+        apply_update(self.kernels, cell.weight, cell.state, rows, grads, table)
 
     def feature_slots(self, table: str, b: int) -> list[int]:
         return [b * f.bag_max if f.pooling == "concat" else b for f in self.features[table]]
@@ -353,12 +416,6 @@ class ShardedCluster(Cluster):
             chunks, counts, scope=scope, traffic=traffic, cluster=self.name, async_op=async_op
         )
 
-    def update_cell(self, key: CellKey, rows: Tensor, grads: Tensor) -> None:
-        cell = self.cells[key]
-        apply_update(
-            self.kernels, cell.weight, cell.state, rows, grads, self.table_by_name[key.table]
-        )
-
 
 # --------------------------------------------------------------------------- rb
 
@@ -448,7 +505,16 @@ class RbCluster(ShardedCluster):
         return kd
 
     # ------------------------------------------------------------------ forward
+    def owner_rows(self, dist_state, bvec) -> dict[CellKey, Tensor]:
+        owner = self._owner_bags(dist_state, bvec)
+        return {c: owner[(c.table, c.row_shard)].rows for c in self.cells_on[self.comm.rank]}
+
     def _owner_bags(self, kd: KeyDist, bvec) -> dict[tuple[str, int], OwnerBags]:
+        if "owner" not in kd.local:
+            kd.local["owner"] = self._receive_bags(kd, bvec)
+        return kd.local["owner"]
+
+    def _receive_bags(self, kd: KeyDist, bvec) -> dict[tuple[str, int], OwnerBags]:
         keys, lens = kd.keys.wait(), kd.lengths.wait()  # type: ignore[union-attr]
         ws = kd.weights.wait() if kd.weights else None
         ps = kd.positions.wait() if kd.positions else None
@@ -498,9 +564,8 @@ class RbCluster(ShardedCluster):
         pooled = {}
         for c in self.cells_on[me]:
             ob = owner[(c.table, c.row_shard)]
-            pooled[c] = self.kernels.pooled_forward(
-                self.cells[c].weight, ob.rows, ob.offsets, ob.weights, "sum"
-            )
+            weight, rows = self.resident(c, ob.rows)
+            pooled[c] = self.kernels.pooled_forward(weight, rows, ob.offsets, ob.weights, "sum")
 
         def piece(c: CellKey, r: int) -> Tensor:
             s, e = owner[(c.table, c.row_shard)].blocks[r]
@@ -894,25 +959,49 @@ class UbCluster(ShardedCluster):
         return rows, blocks
 
     def _lookup(self, rows) -> dict[CellKey, Tensor]:
-        return {
-            c: self.kernels.gather_rows(self.cells[c].weight, rows[(c.table, c.row_shard)]).to(
-                self.acc
-            )
-            for c in self.cells_on[self.comm.rank]
-        }
+        out = {}
+        for c in self.cells_on[self.comm.rank]:
+            weight, index = self.resident(c, rows[(c.table, c.row_shard)])
+            out[c] = self.kernels.gather_rows(weight, index).to(self.acc)
+        return out
+
+    def owner_rows(self, dist_state, bvec) -> dict[CellKey, Tensor]:
+        rows, _ = self._requests(dist_state)
+        return {c: rows[(c.table, c.row_shard)] for c in self.cells_on[self.comm.rank]}
+
+    def _requests(self, kd: KeyDist):
+        """The owner's (local rows, blocks) per row shard (`_owner_rows`) of the keys it
+        received: from every rank (flat), or from its node's ranks and then the other
+        nodes' aggregators (hierarchical). Made once per step (kept in `kd.local`)."""
+        if "requests" in kd.local:
+            return kd.local["requests"]
+        me = self.comm.rank
+        keys_of: dict[tuple[str, int], list[tuple[int, Tensor]]]
+        if self.hierarchical:
+            node, rail = self.comm.peers("node"), self.comm.peers("rail")
+            direct = kd.local["direct"]
+            unions = dict(zip(rail, kd.keys.wait(), strict=True))
+            union_counts = dict(zip(rail, kd.counts, strict=True))
+            keys_of = {p: [(q, direct[p][q]) for q in node] for p in self.rowshards_on[me]}
+            for p in self.remote_rail(me):
+                pos = 0
+                for seg, n in zip(self.rowshards_on[me], union_counts[p], strict=True):
+                    keys_of[seg].append((p, unions[p][pos : pos + n]))
+                    pos += n
+        else:
+            keys = kd.keys.wait()
+            keys_of = {p: [] for p in self.rowshards_on[me]}
+            for a in range(self.comm.world):
+                pos = 0
+                for p, n in zip(self.rowshards_on[me], kd.counts[a], strict=True):
+                    keys_of[p].append((a, keys[a][pos : pos + n]))
+                    pos += n
+        kd.local["requests"] = self._owner_rows(keys_of)
+        return kd.local["requests"]
 
     def _forward_flat(self, kd: KeyDist, splits, table_rows, traffic, saved: dict) -> None:
         comm, me = self.comm, self.comm.rank
-        keys = kd.keys.wait()
-        keys_of: dict[tuple[str, int], list[tuple[int, Tensor]]] = {
-            p: [] for p in self.rowshards_on[me]
-        }
-        for a in range(comm.world):
-            pos = 0
-            for p, n in zip(self.rowshards_on[me], kd.counts[a], strict=True):
-                keys_of[p].append((a, keys[a][pos : pos + n]))
-                pos += n
-        rows, blocks = self._owner_rows(keys_of)
+        rows, blocks = self._requests(kd)
         vals = self._lookup(rows)
         chunks = []
         for a in range(comm.world):
@@ -947,19 +1036,9 @@ class UbCluster(ShardedCluster):
         comm, me = self.comm, self.comm.rank
         node, rail = comm.peers("node"), comm.peers("rail")
         remote = self.remote_rail(me)
-        direct, agg = kd.local["direct"], kd.local["agg"]
-        unions = dict(zip(rail, kd.keys.wait(), strict=True))
-        union_counts = dict(zip(rail, kd.counts, strict=True))
+        agg = kd.local["agg"]
         # the owner's requests: its node's ranks, then the aggregators of the other nodes
-        keys_of: dict[tuple[str, int], list[tuple[int, Tensor]]] = {
-            p: [(q, direct[p][q]) for q in node] for p in self.rowshards_on[me]
-        }
-        for p in remote:
-            pos = 0
-            for seg, n in zip(self.rowshards_on[me], union_counts[p], strict=True):
-                keys_of[seg].append((p, unions[p][pos : pos + n]))
-                pos += n
-        rows, blocks = self._owner_rows(keys_of)
+        rows, blocks = self._requests(kd)
         vals = self._lookup(rows)
 
         def block(c: CellKey, a: int) -> Tensor:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from embark_runtime.cache import CacheStats
 from embark_runtime.clusters import CLUSTER_KINDS, Cluster, DpCluster
 from embark_runtime.comm import Comm, Traffic
 from embark_runtime.distributor import BatchError, FeatureInput, prepare_batch
@@ -54,6 +55,8 @@ class _Step:
 class _Prefetched:
     batch: object
     step: _Step
+    staged: bool = False
+    """the host-tier cells' lookups of this step were made ahead (`_stage_prefetched`)"""
 
 
 class _Lookup(torch.autograd.Function):
@@ -132,6 +135,9 @@ class ShardedEmbeddings(torch.nn.Module):
         ]
         self._anchor = torch.nn.Parameter(torch.zeros(0, device=self.device))
         self._prefetched: _Prefetched | None = None
+        self._in_flight = False
+        """a forward with gradients ran whose backward has not completed: the host-tier
+        caches may not read ahead for the next step yet (its updates are still to come)"""
         self._pending: list[tuple[Cluster, object]] = []
         self._last = Traffic()
 
@@ -164,6 +170,8 @@ class ShardedEmbeddings(torch.nn.Module):
         self._prefetched = _Prefetched(next_batch_sparse, self._distribute(next_batch_sparse))
 
     def _drop_prefetched(self) -> None:
+        for c in self.clusters:
+            c.clear_staged()
         if self._prefetched is not None:
             for d in self._prefetched.step.dists.values():
                 for p in (
@@ -184,6 +192,7 @@ class ShardedEmbeddings(torch.nn.Module):
             self._drop_prefetched()
             step = self._distribute(batch_sparse)
         self._last = step.traffic
+        self._in_flight = torch.is_grad_enabled()
         outs = _Lookup.apply(self._anchor, self, step)
         return dict(zip(step.outputs, outs, strict=True))
 
@@ -214,6 +223,7 @@ class ShardedEmbeddings(torch.nn.Module):
             if not isinstance(c, DpCluster):
                 c.backward(step.saved[c.name], step.feats, g, step.bvec, step.traffic)  # type: ignore[attr-defined]
         step.saved.clear()
+        self._in_flight = False
         self._pending = pending
         if not self.overlap:
             self.finish_backward()
@@ -230,6 +240,20 @@ class ShardedEmbeddings(torch.nn.Module):
         pending, self._pending = self._pending, []
         for c, p in pending:
             c.finish_backward(p)  # type: ignore[attr-defined]
+        self._stage_prefetched()
+
+    def _stage_prefetched(self) -> None:
+        """With the next batch prefetched and every update of the last step applied, the
+        host-tier cells admit and read the next step's rows now (embark_runtime.cache):
+        the fetches run before the next forward instead of in it. Exact, since nothing
+        changes a row between here and that forward. Once per prefetched step."""
+        p = self._prefetched
+        if p is None or p.staged or self._in_flight or self._pending:
+            return
+        p.staged = True
+        for c in self.clusters:
+            if c.has_host_tier():
+                c.stage(p.step.dists[c.name], p.step.bvec)
 
     # ------------------------------------------------------------------ inspection
     def bytes_moved(self) -> dict[str, dict[str, int]]:
@@ -253,8 +277,39 @@ class ShardedEmbeddings(torch.nn.Module):
         """The table's whole optimizer state on every rank. Collective."""
         return self._gather(name)[1]
 
-    def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def flush(self) -> None:
+        """Complete the last backward and write every host-tier cache back, so that every
+        cell's `weight` and `state` hold the current values (see embark_runtime.cache).
+        Local: each rank flushes its own cells."""
         self.finish_backward()
+        for c in self.clusters:
+            for cell in c.cells.values():
+                if cell.cache is not None:
+                    cell.cache.flush()
+
+    def invalidate_caches(self) -> None:
+        """Forget every host-tier cache after the cells' host copies were overwritten (and
+        the next step's lookups made ahead, which read the old values)."""
+        if self._prefetched is not None:
+            self._prefetched.staged = False
+        for c in self.clusters:
+            c.clear_staged()
+            for cell in c.cells.values():
+                if cell.cache is not None:
+                    cell.cache.invalidate()
+
+    def cache_stats(self) -> dict[str, CacheStats]:
+        """This rank's host-tier cache counters per cluster since the last call (then
+        reset); clusters without a host-tier cell are left out."""
+        out: dict[str, CacheStats] = {}
+        for c in self.clusters:
+            for cell in c.cells.values():
+                if cell.cache is not None:
+                    out.setdefault(c.name, CacheStats()).add(cell.cache.take_stats())
+        return out
+
+    def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+        self.flush()
         c = self._cluster_of(name)
         t = c.table_by_name[name]
         if isinstance(c, DpCluster):
@@ -273,12 +328,12 @@ class ShardedEmbeddings(torch.nn.Module):
             g = global_rows(
                 t.rows, key.row_shard, cell.row_shards, self.plan.row_partition, self.device
             )
-            weight[g, key.lo : key.hi] = cell.weight.float()
+            weight[g, key.lo : key.hi] = cell.weight.float().to(self.device)
             for sname, s in cell.state.items():
                 if s.dim() == 2:
-                    state[sname][g, key.lo : key.hi] = s
+                    state[sname][g, key.lo : key.hi] = s.to(self.device)
                 elif key.lo == 0:
-                    state[sname][g] = s
+                    state[sname][g] = s.to(self.device)
         self.comm.all_reduce(weight)
         for sname in STATE_NAMES[t.optimizer]:
             self.comm.all_reduce(state[sname])
@@ -289,7 +344,7 @@ class ShardedEmbeddings(torch.nn.Module):
         """This rank's cells as embark_runtime.checkpoint.CellState (dp tables on rank 0)."""
         from embark_runtime.checkpoint import CellState
 
-        self.finish_backward()
+        self.flush()
         out = []
         for c in self.clusters:
             if isinstance(c, DpCluster) and self.rank != 0:
@@ -329,6 +384,7 @@ class ShardedEmbeddings(torch.nn.Module):
                 f"cell {k}",
             )
             seen.add(k)
+        self.invalidate_caches()
         missing = sorted(set(mine) - seen, key=str)
         if missing:
             raise ValueError(f"rank {self.rank}: no values given for cell {missing[0]}")

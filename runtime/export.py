@@ -603,7 +603,7 @@ def fill_cell(
 def warm_start_sharded(embeddings: Any, source: Source) -> int:
     """Load `source` into every cell `embeddings` (ShardedEmbeddings) holds on this rank,
     dp replicas included; the optimizer state keeps its initial values. Returns cells."""
-    embeddings.finish_backward()
+    embeddings.flush()
     plan = embeddings.plan
     n = 0
     for cluster in embeddings.clusters:
@@ -614,6 +614,7 @@ def warm_start_sharded(embeddings: Any, source: Source) -> int:
                 plan.row_partition, key.lo, key.hi, cell.weight,
             )  # fmt: skip
             n += 1
+    embeddings.invalidate_caches()
     return n
 
 
@@ -693,7 +694,7 @@ def _save_part(
 
     tmp = _tmp_dir(directory)
     tmp.mkdir(parents=True, exist_ok=True)
-    embeddings.finish_backward()
+    embeddings.flush()
     dp = {name for c in plan.clusters if c.kind == "dp" for name in c.tables}
     tensors, metas = [], []
     for cluster in embeddings.clusters:

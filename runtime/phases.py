@@ -317,6 +317,9 @@ class Scalars:
             w.add_scalar("lr/dense", record["lr"]["dense"], n)
             for table, v in record["lr"]["tables"].items():
                 w.add_scalar(f"lr/{table}", v, n)
+        for cluster, v in record.get("cache", {}).items():  # host-tier caches
+            if v["hit_rate"] is not None:
+                w.add_scalar(f"cache_hit_rate/{cluster}", v["hit_rate"], n)
 
     def eval(self, step: int, values: dict[str, float]) -> None:
         for k, v in values.items():

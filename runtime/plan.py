@@ -12,6 +12,8 @@ give every field its spec determines (`missing_fields`, `check_complete`: rule
 Fields beyond the contract (all documented in docs/plan.md):
   tables[].optimizer_params (.schedule when set), tables[].init, tables[].bytes
   features[].max_hotness, features[].fixed, features[].weighted
+  shards[].tier, shards[].cache_rows (host-tier cells, written only when set),
+  topology.{host_memory_bytes, host_bandwidth} (read when present)
   topology.{arch, dense_flops, constants}, model (.optimizer.schedule, .precision when
   set), seed, estimate.{critical_rank, critical_path,
   components, per_rank[].components, per_rank[].memory, per_table, key_window},
@@ -109,6 +111,12 @@ class PlanTopology(_M):
     """Peak fp32 FLOP/s per GPU; 0 (also when absent: plans written before it) credits no
     overlap of the key traffic with the dense compute."""
     arch: str = "sm_90"
+    host_memory_bytes: int | None = Field(default=None, gt=0, le=MAX_BYTES)
+    """Host memory per node for host-tier cells (the spec's `host_memory`); absent: not
+    given. Read when present; the planner does not write it yet (docs/host_tier.md)."""
+    host_bandwidth: Bandwidth | None = None
+    """Host <-> GPU copy rate per GPU per direction (the spec's `host_bandwidth`); absent:
+    not given. Read when present; the planner does not write it yet."""
     constants: dict[str, Annotated[float, Field(gt=0, le=MAX_CONSTANT)]] | None = None
     """The cost model's constants the spec's hardware block set (efficiencies, latencies
     in seconds, the smallest read in bytes; the compiler's embarkc.planner.constants names
@@ -260,6 +268,15 @@ class Shard(_M):
     row_shards: int = Field(gt=0, le=MAX_ROWS)
     columns: tuple[int, int]
     rank: int
+    tier: Literal["hbm", "host"] | None = None
+    """Our field, written only when not HBM: "host" keeps the cell's rows (with their
+    optimizer state) in the host memory of the rank's node (docs/host_tier.md)."""
+    cache_rows: int | None = Field(default=None, ge=0, le=MAX_ROWS)
+    """Our field, host tier only: rows of the cell cached in HBM (absent or 0: uncached)."""
+
+    @property
+    def on_host(self) -> bool:
+        return self.tier == "host"
 
     @property
     def width(self) -> int:
@@ -453,8 +470,24 @@ class Plan(_M):
         block = -(-rows // row_shards)
         return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
 
+    def cell_hbm_rows(self, s: Shard) -> int:
+        """Rows of shard `s` held in HBM: all of them, or a host-tier cell's cache (at most
+        the cell's rows: a larger cache is refused by its own rule, `tier_problem`)."""
+        rows = self.row_count(s.table, s.row_shard, s.row_shards)
+        return min(rows, s.cache_rows or 0) if s.on_host else rows
+
+    def host_memory_by_rank(self) -> list[int]:
+        """Weights plus optimizer state of every rank's host-tier cells (host memory)."""
+        mem = [0] * self.world_size
+        for s in self.shards:
+            if s.on_host:
+                rows = self.row_count(s.table, s.row_shard, s.row_shards)
+                mem[s.rank] += self.table(s.table).bytes_for(rows, s.width)
+        return mem
+
     def memory_by_rank(self) -> list[int]:
-        """Weights plus optimizer state placed on every rank (dp tables replicated)."""
+        """Weights plus optimizer state placed in every rank's HBM (dp tables replicated;
+        a host-tier cell counts its cache)."""
         mem = [0] * self.world_size
         for c in self.clusters:
             if c.kind == "dp":
@@ -464,7 +497,7 @@ class Plan(_M):
                     mem = [m + b for m in mem]
         for s in self.shards:
             t = self.table(s.table)
-            mem[s.rank] += t.bytes_for(self.row_count(s.table, s.row_shard, s.row_shards), s.width)
+            mem[s.rank] += t.bytes_for(self.cell_hbm_rows(s), s.width)
         return mem
 
 
@@ -605,11 +638,35 @@ def validate_rules(plan: Plan, path: str = "<plan>") -> None:
                 )
 
 
+def tier_problem(plan: Plan, s: Shard) -> str | None:
+    """What is wrong with a shard's storage tier, or None: a cache is a host-tier cell's
+    and holds at most the cell's rows."""
+    if s.cache_rows is None:
+        return None
+    if not s.on_host:
+        return (
+            f"cache_rows {s.cache_rows} is given but the cell is in HBM; "
+            'add "tier": "host" or remove cache_rows'
+        )
+    rows = plan.row_count(s.table, s.row_shard, s.row_shards)
+    if s.cache_rows > rows:
+        return (
+            f"cache_rows {s.cache_rows} is more than the cell's {rows} rows; "
+            f"give at most {rows} (or put the cell in HBM)"
+        )
+    return None
+
+
 def _own_rules(plan: Plan, path: str) -> None:
     """What embarkc's readers need of a plan beyond the contract's rules (docs/plan.md,
-    "Checking a plan"): the global batch splits evenly over the ranks (the trainer and
+    "Checking a plan"): a cache belongs to a host-tier cell and holds at most its rows;
+    the global batch splits evenly over the ranks (the trainer and
     the simulator give every rank the same number of samples), and the estimate speaks of
     every rank of the plan once (or of none: a plan that gives no per-rank estimate)."""
+    for i, s in enumerate(plan.shards):
+        problem = tier_problem(plan, s)
+        if problem:
+            raise PlanError(path, "tier", f"shards[{i}] (`{s.table}`): {problem}")
     world = plan.world_size
     if plan.batch_size % world:
         raise PlanError(

@@ -5,6 +5,10 @@ local row i of row shard j is global row j + i * R under `mod`, j * ceil(rows / 
 under `range`), the columns [lo, hi) of the table, in the table's dtype, and the fp32
 optimizer state of those rows and columns (see `embark_runtime.optim`). A dp table is
 one cell covering the whole table, replicated on every rank.
+
+A host-tier cell (`tier: "host"` in the plan) keeps `weight` and `state` in host memory
+and has a `cache` (embark_runtime.cache.RowCache) of `cache_rows` rows on the device;
+whoever reads `weight` or `state` whole flushes the cache first (ShardedEmbeddings.flush).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from embark_runtime.cache import RowCache, host_tensor
 from embark_runtime.init import initial_values
 from embark_runtime.optim import new_state
 
@@ -39,6 +44,8 @@ class Cell:
     columns: tuple[int, int]
     weight: Tensor
     state: dict[str, Tensor] = field(default_factory=dict)
+    cache: RowCache | None = None
+    """host-tier cells only: the device cache of their rows"""
 
     @property
     def width(self) -> int:
@@ -57,13 +64,24 @@ def new_cell(
     partition: str,
     seed: int,
     device: torch.device | str = "cpu",
+    *,
+    tier: str = "hbm",
+    cache_rows: int = 0,
 ) -> Cell:
-    """A freshly initialised cell of `table` (a PlanTable) with fresh optimizer state."""
+    """A freshly initialised cell of `table` (a PlanTable) with fresh optimizer state; in
+    host memory with a device cache of `cache_rows` rows when `tier` is "host"."""
     g = global_rows(table.rows, row_shard, row_shards, partition, device)
     lo, hi = columns
     weight = initial_values(seed, table.name, g, lo, hi, table.init).to(TORCH_DTYPES[table.dtype])
     state = new_state(table.optimizer, g.numel(), hi - lo, table.optimizer_params, device)
-    return Cell(table.name, row_shard, row_shards, (lo, hi), weight, state)
+    if tier == "hbm":
+        return Cell(table.name, row_shard, row_shards, (lo, hi), weight, state)
+    if tier != "host":
+        raise ValueError(f"unknown storage tier {tier!r}; expected 'hbm' or 'host'")
+    weight = host_tensor(weight)
+    state = {k: host_tensor(v) for k, v in state.items()}
+    cache = RowCache(weight, state, cache_rows, device)
+    return Cell(table.name, row_shard, row_shards, (lo, hi), weight, state, cache)
 
 
 def load_into(cell: Cell, weight: Tensor, state: dict[str, Tensor], what: str) -> None:
@@ -83,3 +101,5 @@ def load_into(cell: Cell, weight: Tensor, state: dict[str, Tensor], what: str) -
                 f"expected {tuple(t.shape)}"
             )
         t.copy_(state[name].to(t.dtype))
+    if cell.cache is not None:
+        cell.cache.invalidate()

@@ -66,6 +66,7 @@ from typing import Any, NoReturn, TextIO, TypeVar
 import numpy as np
 import torch
 
+from embark_runtime.cache import cache_text, host_tier_clusters, stats_flat, stats_record
 from embark_runtime.comm import Traffic
 from embark_runtime.dense import (
     DenseConfig,
@@ -737,7 +738,7 @@ class _Log:
             per_cluster = ", ".join(
                 f"{c} {format_mib(v['intra'] + v['inter'])}" for c, v in record["bytes"].items()
             )
-            print(f"{text} ({per_cluster})", flush=True)
+            print(f"{text} ({per_cluster}){cache_text(record.get('cache'))}", flush=True)
 
     def close(self) -> None:
         if self.json is not None:
@@ -1181,6 +1182,9 @@ class _Sharded:
         self.log = _Log(self.rank == 0, args.steps, args.log_every, args.log_json, args.quiet)
         self.eval_batches = self.data.eval_count(args.eval_batches, self.log)
         self.clusters = [c.name for c in plan.clusters] + ["dense"]
+        self.cached = host_tier_clusters(plan)
+        self.cache_record: dict[str, dict] = {}
+        """The last step's host-tier cache counters per cluster, all ranks (the log's `cache`)."""
         self._passed_over: set[Path] = set()
         """Damaged checkpoints the resume passed over (and warned of)."""
         self.step_seconds: list[float] = []
@@ -1289,9 +1293,11 @@ class _Sharded:
         for c in self.clusters:
             v = moved.get(c, {"intra": 0, "inter": 0})
             flat += [float(v["intra"]), float(v["inter"])]
+        flat += stats_flat(self.embeddings.cache_stats(), self.cached)
         totals = torch.tensor(flat, dtype=torch.float64, device=self.device)
         self.dist.all_reduce(totals)
         t = totals.cpu().tolist()
+        self.cache_record = stats_record(t[2 + 2 * len(self.clusters) :], self.cached)
         per_cluster = {
             c: {"intra": int(t[2 + 2 * i]), "inter": int(t[3 + 2 * i])}
             for i, c in enumerate(self.clusters)
@@ -1387,6 +1393,8 @@ class _Sharded:
                 "bytes_total": sum(v["intra"] + v["inter"] for v in moved.values()),
                 **_rates_record(self.program, self.plan, step),
             }
+            if self.cache_record:
+                record["cache"] = self.cache_record
             if a.measure_phases:
                 from embark_runtime.phases import gather_phases
 

@@ -253,7 +253,7 @@ def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
     slow = max(est.per_rank, key=lambda r: (r.time, -r.rank), default=None)
     critical = f" (critical rank {slow.rank})" if slow is not None else ""
     info = plan.planner
-    return [
+    rows = [
         ("spec", against),
         (
             "GPUs",
@@ -279,6 +279,23 @@ def plan_summary_rows(plan: Any, against: str) -> list[tuple[str, str]]:
             + (f"; {note}" if (note := fixed_strategy_note(info)) else ""),
         ),
     ]
+    host = [s for s in plan.shards if s.tier == "host"]
+    if host:
+        per_node = [0] * topo.nodes
+        for rank, b in enumerate(plan.host_memory_by_rank()):
+            per_node[rank // topo.gpus_per_node] += b
+        node = max(range(topo.nodes), key=lambda n: (per_node[n], -n))
+        cached = sum(s.cache_rows or 0 for s in host)
+        rows.insert(
+            -1,
+            (
+                "host tier",
+                f"{len(host)} cell{'s' if len(host) != 1 else ''} in host memory, "
+                f"{cached:,} rows cached in HBM; at most {format_bytes(per_node[node])} on a "
+                f"node (node {node})",
+            ),
+        )
+    return rows
 
 
 def _print_summary(spec: str, program: Any) -> None:

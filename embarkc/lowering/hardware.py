@@ -1,5 +1,6 @@
 """The `hardware` block: the topology (a preset, nodes, GPUs, HBM, bandwidths, dense
-FLOP/s) and the cost model's constants it overrides."""
+FLOP/s, the host memory and its bandwidth for host-tier cells) and the cost model's
+constants it overrides."""
 
 from __future__ import annotations
 
@@ -44,7 +45,11 @@ class HardwareLowering(LowererBase):
             "nvlink": ("intra_node_bandwidth", "bandwidth", False),
             "network": ("inter_node_bandwidth", "bandwidth", False),
         }
-        optional = {"dense_flops": ("dense_flops", "compute", False)}
+        optional = {
+            "dense_flops": ("dense_flops", "compute", False),
+            "host_memory": ("host_memory", "bytes", True),
+            "host_bandwidth": ("host_bandwidth", "bandwidth", False),
+        }
         for key, (attr, kind, integer) in {**spec, **optional}.items():
             fld = b.fields.get(key)
             if fld is None:
@@ -52,7 +57,7 @@ class HardwareLowering(LowererBase):
             node = fld.values[0]
             assert isinstance(node, Tree)
             # dense_flops 0: the dense rate is unknown and no key overlap is credited
-            least = 0 if key in optional else 1
+            least = 0 if key == "dense_flops" else 1
             v = self.attempt(
                 self.num, node, fld.file, kind, integer=integer, what=key, minimum=least
             )

@@ -26,7 +26,12 @@ THE RULES (the `rule` field of a Violation)
   optimizer_params and init, every feature's max_hotness, fixed and weighted, the dense
   `model` and the `seed`.
 * `memory`: the weights and optimizer state on every rank fit in `hbm_bytes` minus the
-  spec's `memory_headroom`.
+  spec's `memory_headroom`; a host-tier cell counts its HBM cache (cache_rows x (dim x
+  dtype bytes + optimizer state)), not its rows.
+* `tier`: a cell's `cache_rows` is given only with `tier: "host"` and is at most the
+  cell's rows.
+* `host-memory`: the host-tier cells of every node (weights and optimizer state) fit in
+  the spec's `host_memory` (per node); a spec without `host_memory` has no host tier.
 * `column-cuts`: every column cut lies at a multiple of 4 (the lookup kernels' vector
   width); a cell may end at `dim` when dim is not a multiple of 4.
 * `rowwise-adagrad`: a rowwise_adagrad table is never column-split (the row's mean
@@ -128,6 +133,7 @@ def validate_plan(program: Program, plan: Plan, *, constraints: bool = True) -> 
         # the remaining rules read the program's tables through the plan's names
         return out
     out += _memory(program, plan)
+    out += _tiers(program, plan)
     out += _cells(program, plan)
     if constraints:
         out += constraint_violations(program, plan)
@@ -359,11 +365,64 @@ def _memory_used(program: Program, plan: Plan) -> list[int]:
     for s in plan.shards:
         t = by_name[s.table]
         rows = plan.row_count(s.table, s.row_shard, s.row_shards)
-        w = s.width
-        used[s.rank] += rows * w * t.element_bytes + optimizer(t.optimizer.kind).state_bytes(
-            rows, w
-        )
+        if s.tier == "host":
+            rows = s.cache_rows or 0
+        used[s.rank] += _cell_bytes(program, s.table, rows, s.width)
     return used
+
+
+def _cell_bytes(program: Program, table: str, rows: int, width: int) -> int:
+    """Weights plus optimizer state of `rows` x `width` of `table`, from the program."""
+    t = next(t for t in program.tables if t.name == table)
+    return rows * width * t.element_bytes + optimizer(t.optimizer.kind).state_bytes(rows, width)
+
+
+def _tiers(program: Program, plan: Plan) -> list[Violation]:
+    """The `tier` and `host-memory` rules (module docstring)."""
+    out = []
+    host = [0] * program.topology.nodes
+    for i, s in enumerate(plan.shards):
+        rows = plan.row_count(s.table, s.row_shard, s.row_shards)
+        where = f"shards[{i}] (`{s.table}` row shard {s.row_shard}, columns {list(s.columns)})"
+        if s.cache_rows is not None and s.tier != "host":
+            out.append(
+                Violation(
+                    "tier",
+                    f"{where} has cache_rows {s.cache_rows} but is in HBM: add "
+                    '"tier": "host" or remove cache_rows',
+                )
+            )
+        if s.cache_rows is not None and not 0 <= s.cache_rows <= rows:
+            out.append(
+                Violation(
+                    "tier",
+                    f"{where} caches {s.cache_rows} rows; a cache holds 0 to the cell's "
+                    f"{rows} rows",
+                )
+            )
+        if s.tier == "host":
+            host[program.topology.node_of(s.rank)] += _cell_bytes(program, s.table, rows, s.width)
+    capacity = program.topology.host_memory
+    if capacity is None and any(host):
+        out.append(
+            Violation(
+                "host-memory",
+                "the plan keeps cells in host memory but the spec's hardware gives no "
+                "`host_memory`: add e.g. `host_memory 512 GiB` (per node) to the hardware "
+                "block, or put the cells back in HBM",
+            )
+        )
+    elif capacity is not None:
+        out += [
+            Violation(
+                "host-memory",
+                f"node {n} keeps {format_number(u)} bytes of host-tier weights and optimizer "
+                f"state, more than its host_memory {format_number(capacity)}",
+            )
+            for n, u in enumerate(host)
+            if u > capacity
+        ]
+    return out
 
 
 ESTIMATE_REL_TOL = 1e-6
