@@ -174,6 +174,20 @@ def test_an_hbm_plan_has_no_tier_fields_and_round_trips_byte_for_byte(tiny_host)
     assert dumps_plan(parse_plan(text)) == text
 
 
+def test_the_layout_digest_sees_tiers_and_caches_and_not_an_hbm_plan(tiny_host):
+    """An edit that only moves a cell to host memory, or resizes its cache, changes the
+    layout the estimate was made for (so `check` says the estimate is stale); a plan all
+    in HBM digests as it did before tiers existed."""
+    from embarkc.planner.build import layout_digest
+
+    _, plan = tiny_host
+    base = layout_digest(parse_plan(dumps_plan(plan)))
+    assert plan["estimate"]["layout_sha256"] == base
+    host = layout_digest(parse_plan(dumps_plan(_with_tiers(plan, {0: 4}))))
+    bigger = layout_digest(parse_plan(dumps_plan(_with_tiers(plan, {0: 8}))))
+    assert len({base, host, bigger}) == 3
+
+
 def test_host_tier_fields_are_written_only_where_set_and_count_their_cache_in_hbm(tiny_host):
     _, plan = tiny_host
     edited = parse_plan(json.dumps(_with_tiers(plan, {0: 3, 1: None})))

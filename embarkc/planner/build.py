@@ -225,9 +225,18 @@ def _beyond_plan_files(program: Program, what: str) -> EmbarkError:
     )
 
 
+def _tier_of(shard: Any) -> list[Any]:
+    """A host-tier cell's tier and cache rows ([] for a cell in HBM)."""
+    tier = getattr(shard, "tier", None)
+    if tier in (None, "hbm"):
+        return []
+    return [tier, getattr(shard, "cache_rows", None)]
+
+
 def layout_digest(plan: Plan) -> str:
     """sha256 of what the estimate depends on besides the spec: the row partition, the
-    clusters (kind, communication, gradient exchange, tables) and every cell."""
+    clusters (kind, communication, gradient exchange, tables) and every cell, with its
+    storage tier and cache when it is not in HBM (an all-HBM plan digests as before)."""
     import hashlib
     import json
 
@@ -237,6 +246,7 @@ def layout_digest(plan: Plan) -> str:
     ]
     shards = sorted(
         [s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank]
+        + _tier_of(s)
         for s in plan.shards
     )
     text = json.dumps([plan.row_partition, clusters, shards], separators=(",", ":"))
