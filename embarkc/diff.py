@@ -55,12 +55,13 @@ def load_side(path: str) -> Side:
     if is_plan_file(p):
         return Side(path, load_plan(p))
     from embarkc.frontend import load_program
-    from embarkc.planner import plan_program, warn_ignored_constraints
+    from embarkc.planner import warn_ignored_constraints
+    from embarkc.progress import planned
 
     warnings: list[Diagnostic] = []
     program = load_program(path, warnings)
     print_warnings(warnings)
-    plan = plan_program(program)
+    plan = planned(program, path)
     warn_ignored_constraints(program, plan)
     return Side(path, plan, program)
 

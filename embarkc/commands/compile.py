@@ -124,13 +124,17 @@ def run(args: argparse.Namespace) -> int:
         check_overwrites(args.output, TOP_LEVEL_OUTPUTS, inputs, folders=(KERNELS,))
 
     from embark_runtime.plan import dumps_plan
-    from embarkc.planner import plan_program, warn_ignored_constraints
+    from embarkc.planner import warn_ignored_constraints
 
     if args.plan is not None:
         plan = _given_plan(program, args.plan)
     else:
-        plan = plan_program(
+        from embarkc.progress import planned
+
+        plan = planned(
             program,
+            str(args.spec),
+            quiet=args.quiet,
             strategy=args.strategy,
             solver=args.solver,
             time_limit=args.time_limit,

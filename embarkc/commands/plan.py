@@ -148,17 +148,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"planning {args.spec} for {args.target} ...", file=sys.stderr)
         plan, info = plan_for_target(program, args.target, **kwargs)
         plan = with_target(plan, info, plan_program(program, baselines=False, **kwargs))
-    elif sys.stderr.isatty() and not args.quiet and args.format == "text":
-        from rich.console import Console
-
-        with Console(stderr=True).status("planning ...") as status:
-
-            def progress(stage: str, done: float, best: float) -> None:
-                status.update(f"{stage}: {done * 100:.0f} %, best step time {format_ms(best)}")
-
-            plan = plan_program(program, progress=progress, **kwargs)  # type: ignore[arg-type]
     else:
-        plan = plan_program(program, **kwargs)  # type: ignore[arg-type]
+        from embarkc.progress import planned
+
+        quiet = args.quiet or args.format != "text"
+        plan = planned(program, str(args.spec), quiet=quiet, **kwargs)
     wall = time.perf_counter() - start
     warn_ignored_constraints(program, plan)
     if args.dump == "plan":

@@ -86,15 +86,20 @@ def load_target(args: argparse.Namespace) -> Any:
             )
         return load_plan(args.target)
     from embarkc.frontend import load_program
-    from embarkc.planner import plan_program, warn_ignored_constraints
+    from embarkc.planner import warn_ignored_constraints
     from embarkc.planner.check import check_plan
+    from embarkc.progress import planned
 
     warnings: list[Diagnostic] = []
     program = load_program(args.target, warnings)
     print_warnings(warnings)
     print(f"planning {args.target} ...", file=sys.stderr)
-    plan = plan_program(
-        program, strategy=args.strategy, solver=args.solver, time_limit=args.time_limit
+    plan = planned(
+        program,
+        str(args.target),
+        strategy=args.strategy,
+        solver=args.solver,
+        time_limit=args.time_limit,
     )
     # a fixed strategy's ignored constraints are warnings, not a broken plan
     warn_ignored_constraints(program, plan)
