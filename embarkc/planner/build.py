@@ -245,8 +245,7 @@ def layout_digest(plan: Plan) -> str:
         for c in plan.clusters
     ]
     shards = sorted(
-        [s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank]
-        + _tier_of(s)
+        [s.table, s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank] + _tier_of(s)
         for s in plan.shards
     )
     text = json.dumps([plan.row_partition, clusters, shards], separators=(",", ":"))
