@@ -60,6 +60,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from embark_runtime.files import fsync_dir, sha256_file, write_atomic
 from embark_runtime.keys import local_row, row_shard_of
 from embark_runtime.optimizers import OPTIMIZERS
 from embark_runtime.plan import Plan, dumps_plan, plan_digest
@@ -131,32 +132,6 @@ class CellState:
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` under a temporary name, fsync, rename to `path`."""
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _rank_stem(rank: int) -> str:
@@ -397,11 +372,11 @@ def save_checkpoint(
         os.replace(part, tmp / EXTRA)
         sidecar["extra"] = {
             "name": EXTRA,
-            "sha256": _sha256_file(tmp / EXTRA),
+            "sha256": sha256_file(tmp / EXTRA),
             "bytes": (tmp / EXTRA).stat().st_size,
         }
-    _write_atomic(tmp / f"{stem}.json", json.dumps(sidecar, indent=1, sort_keys=True).encode())
-    _fsync_dir(tmp)
+    write_atomic(tmp / f"{stem}.json", json.dumps(sidecar, indent=1, sort_keys=True).encode())
+    fsync_dir(tmp)
     if world == 1 if finalize is None else finalize:
         return finalize_checkpoint(root, step, plan, world)
     return tmp
@@ -458,12 +433,12 @@ def finalize_checkpoint(
         for c in side["cells"]:
             cells.append({**c, "file": side["file"]["name"]})
         files[side_path.name] = {
-            "sha256": _sha256_file(side_path),
+            "sha256": sha256_file(side_path),
             "bytes": side_path.stat().st_size,
         }
     _check_complete(plan, cells, tmp)
     plan_text = dumps_plan(plan).encode()
-    _write_atomic(tmp / PLAN_FILE, plan_text)
+    write_atomic(tmp / PLAN_FILE, plan_text)
     files[PLAN_FILE] = {"sha256": hashlib.sha256(plan_text).hexdigest(), "bytes": len(plan_text)}
     keep = set(files) | {MANIFEST}
     for p in tmp.iterdir():
@@ -490,8 +465,8 @@ def finalize_checkpoint(
         "cells": cells,
         "files": dict(sorted(files.items())),
     }
-    _write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    _fsync_dir(tmp)
+    write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    fsync_dir(tmp)
     final = _step_dir(root, step)
     if final.exists():
         old = root / f".old-step-{step}"
@@ -501,7 +476,7 @@ def finalize_checkpoint(
         _remove(old)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _recover_moved_aside(root)
     for p in root.iterdir():
         if _TMP_DIR.match(p.name) or _OLD_DIR.match(p.name):
@@ -521,7 +496,7 @@ def _recover_moved_aside(root: Path) -> None:
             os.replace(p, _step_dir(root, n))
             recovered = True
     if recovered:
-        _fsync_dir(root)
+        fsync_dir(root)
 
 
 def _is_complete(directory: Path) -> bool:
@@ -739,7 +714,7 @@ def _verify_files(
             raise CheckpointError(
                 f"{p}: {p.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated?)"
             )
-        if sha256 and _sha256_file(p) != entry["sha256"]:
+        if sha256 and sha256_file(p) != entry["sha256"]:
             raise CheckpointError(f"{p}: sha256 mismatch (the file is corrupt)")
 
 

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from embark_runtime.files import output_target
+from embark_runtime.files import fsync_dir, output_target, sha256_file, write_atomic
 from embark_runtime.keys import local_row, row_shard_of
 
 FORMAT = "embark-export"
@@ -381,7 +381,7 @@ def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str, verify: bool) -> S
             raise ExportError(
                 f"{f}: {f.stat().st_size} bytes, the manifest says {entry['bytes']} (truncated?)"
             )
-        if verify and _sha256_file(f) != entry["sha256"]:
+        if verify and sha256_file(f) != entry["sha256"]:
             raise ExportError(f"{f}: sha256 mismatch (the file is corrupt)")
         if fname.endswith(".safetensors"):
             headers[fname] = read_safetensors_header(f)
@@ -722,7 +722,7 @@ def _save_part(
     if tensors:
         sha, size = _write_safetensors(tmp / f"{stem}.safetensors", tensors)
         side["file"] = {"name": f"{stem}.safetensors", "sha256": sha, "bytes": size}
-    _write_atomic(tmp / f"{stem}.json", json.dumps(side, indent=1, sort_keys=True).encode())
+    write_atomic(tmp / f"{stem}.json", json.dumps(side, indent=1, sort_keys=True).encode())
 
 
 def _st_of(w: Any) -> str:
@@ -757,13 +757,13 @@ def _finalize(directory: Path, step: int, plan: Any, world: int) -> Path:
         if side["file"]:
             files[side["file"]["name"]] = {k: side["file"][k] for k in ("sha256", "bytes")}
             cells += [{**c, "file": side["file"]["name"]} for c in side["cells"]]
-        files[sp.name] = {"sha256": _sha256_file(sp), "bytes": sp.stat().st_size}
+        files[sp.name] = {"sha256": sha256_file(sp), "bytes": sp.stat().st_size}
     try:
         _check_complete(plan, cells, tmp)
     except CheckpointError as e:
         raise ExportError(str(e)) from None
     plan_text = dumps_plan(plan).encode()
-    _write_atomic(tmp / PLAN_FILE, plan_text)
+    write_atomic(tmp / PLAN_FILE, plan_text)
     files[PLAN_FILE] = {"sha256": hashlib.sha256(plan_text).hexdigest(), "bytes": len(plan_text)}
     manifest = {
         "format": FORMAT,
@@ -786,14 +786,14 @@ def _finalize(directory: Path, step: int, plan: Any, world: int) -> Path:
         "cells": cells,
         "files": dict(sorted(files.items())),
     }
-    _write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    _fsync_dir(tmp)
+    write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    fsync_dir(tmp)
     old = _old_dir(directory)
     _remove(old)
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)
-    _fsync_dir(directory.parent)
+    fsync_dir(directory.parent)
     _remove(old)
     return directory
 
@@ -808,31 +808,6 @@ def _remove(p: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
     elif p.exists() or p.is_symlink():
         p.unlink(missing_ok=True)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 __all__ = [

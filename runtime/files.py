@@ -8,6 +8,7 @@ symbolic link it would replace the link. `output_target` says where the rename g
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -141,3 +142,35 @@ def run_path_clash(paths: list[RunPath]) -> str | None:
                 f"damage that checkpoint; give {a.flag} a path outside it"
             )
     return None
+
+
+# --------------------------------------------------------------------------- durable writes
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so that the names created or renamed in it survive a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` under a temporary name, fsync, rename to `path`: a reader sees the old
+    file or the new one, never a part."""
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

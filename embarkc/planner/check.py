@@ -54,9 +54,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
+from embark_runtime.formatting import format_number
 from embark_runtime.optimizers import columns_may_be_cut, optimizer
 from embark_runtime.plan import (
     Plan,
@@ -81,19 +81,6 @@ __all__ = [
     "warn_ignored_constraints",
     "check_against_spec",
 ]
-
-
-def format_number(x: Any) -> str:
-    """A number as messages show it: as Python writes it below 1e15, compactly beyond
-    (1.0e+30), so that a huge hand-edited value does not print as 300 digits."""
-    if isinstance(x, bool) or not isinstance(x, int | float) or not abs(x) >= 1e15:
-        return str(x)  # NaN too
-    if isinstance(x, float) and math.isinf(x):
-        return str(x)
-    # Decimal: an int may lie beyond a float's range
-    mantissa, exponent = format(Decimal(x), ".6e").split("e")
-    mantissa = mantissa.rstrip("0")
-    return f"{mantissa}{'0' if mantissa.endswith('.') else ''}e{exponent}"
 
 
 @dataclass(frozen=True)
