@@ -42,4 +42,9 @@ def run(jobs_file: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(Path(sys.argv[1])))
+    # as embark_runtime.trainer.launch: past the groups' teardown, the interpreter's
+    # finalisation can abort on gloo's worker threads
+    code = run(Path(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
