@@ -92,7 +92,7 @@ from embark_runtime.keys import row_shard_of
 from embark_runtime.plan import Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
 from embarkc.dense import DenseShape, prefetch_window
-from embarkc.planner import constants as C
+from embarkc.planner import constants as K
 
 COMPONENTS = ("lookup", "distributor", "nvlink", "network", "dp_exchange")
 """Components of a rank's step time, as in the plan's estimate."""
@@ -366,7 +366,7 @@ def key_window(plan: Plan) -> float:
         return 0.0
     topo = plan.topology
     return prefetch_window(
-        shape, plan.batch_size / plan.world_size, topo.dense_flops, C.of(topo).dense_efficiency
+        shape, plan.batch_size / plan.world_size, topo.dense_flops, K.of(topo).dense_efficiency
     )
 
 
@@ -390,7 +390,7 @@ def hierarchical_allreduce_flows(
     peers = np.arange(g, dtype=np.int64)
     src = [np.repeat(ranks, g)] * 2
     dst = [np.repeat(node * g, g) + np.tile(peers, world)] * 2
-    vec = C.WIRE_ELEMENT_BYTES
+    vec = K.WIRE_ELEMENT_BYTES
     nbytes = [
         vec * _chunks(elements, g, np.tile(peers, world)),  # 1. reduce-scatter in the node
         vec * _chunks(elements, g, np.repeat(local, g)),  # 3. all-gather in the node
@@ -479,8 +479,8 @@ class _StepCounter:
         flows, ids, distinct, hbm = acc.flows, acc.ids, acc.distinct, acc.hbm
         ranks = np.arange(w_, dtype=np.int64)
         node = ranks // g
-        key = C.KEY_BYTES
-        floor = C.of(plan.topology).small_vector_bytes
+        key = K.KEY_BYTES
+        floor = K.of(plan.topology).small_vector_bytes
         cluster = self.cluster_of[t.name]
         fidx = self.features_of[t.name]
         f_t, nfeat = _results_count(plan, t.name)
@@ -534,8 +534,8 @@ class _StepCounter:
             if kind == "rb":
                 nb = (
                     key * stats.n[:, j]
-                    + C.LENGTH_BYTES * b * nfeat
-                    + C.WEIGHT_BYTES * stats.nw[:, j]
+                    + K.LENGTH_BYTES * b * nfeat
+                    + K.WEIGHT_BYTES * stats.nw[:, j]
                 )
                 for o in os_:
                     flows.add(cluster.name, "distributor", ranks, o, nb)
@@ -645,7 +645,7 @@ def _row_access(t: PlanTable, w: int, floor: float) -> float:
 
 def _grad_access(w: int, floor: float) -> float:
     """HBM bytes of reading or writing one fp32 gradient of width w."""
-    return max(w * C.WIRE_ELEMENT_BYTES, floor)
+    return max(w * K.WIRE_ELEMENT_BYTES, floor)
 
 
 def _touched_row_bytes(t: PlanTable, w: int) -> int:
@@ -673,7 +673,7 @@ def ring_seconds(plan: Plan, sent: dict[str, np.ndarray]) -> float:
     the rank whose links are busiest (its NVLink time plus its NIC time).
     """
     topo = plan.topology
-    k = C.of(topo)
+    k = K.of(topo)
     intra_bw = topo.intra_node_bandwidth * k.nvlink_efficiency
     inter_bw = topo.inter_node_bandwidth * k.network_efficiency
     hops = sent["intra"] / intra_bw + sent["inter"] / inter_bw
@@ -715,7 +715,7 @@ def step_time_of(
     if window is None:
         window = key_window(plan)
     topo = plan.topology
-    k = C.of(topo)
+    k = K.of(topo)
     many = topo.world_size > 1
     intra_bw = topo.intra_node_bandwidth * k.nvlink_efficiency
     inter_bw = topo.inter_node_bandwidth * k.network_efficiency
@@ -984,7 +984,7 @@ class _Totals:
         critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
         dense = ring_seconds(plan, self.sent["dense"])
         if dense > 0:
-            k = C.of(plan.topology)
+            k = K.of(plan.topology)
             dense += k.collective_latency_seconds + (
                 k.inter_node_latency_seconds if plan.topology.nodes > 1 else 0.0
             )

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from embarkc.planner.clusters import Unit, dp_bytes, units_of
-from embarkc.planner.cost import HH, CostModel, RankState
+from embarkc.planner.cost import HUB_HBM, CostModel, RankState
 from embarkc.planner.types import Placement, column_widths
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def _totals(
     held = float(st.memory().sum())
     hbm = float(st.hbm_own.sum()) + W * st.hbm_all
     if st.counts["ub_hier"]:
-        hbm += float(st.aggregator(HH).sum())
+        hbm += float(st.aggregator(HUB_HBM).sum())
     work = hbm / cm.bw_hbm + W * st.dp_time
     keys = 0.0
     if W > 1:

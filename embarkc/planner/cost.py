@@ -753,7 +753,14 @@ HUB_TERMS = ("x", "X", "d", "D", "h", "b")
 `hub_rail`, one column each): the vector bytes one requester receives (x) and one
 aggregator receives (X) per cell, the key bytes one requester sends (d) and one
 aggregator sends (D), an aggregator's HBM bytes (h) and buffers (b)."""
-HX, HXN, HD, HDN, HH, HB = range(len(HUB_TERMS))
+(
+    HUB_X_REQUESTER,  # x: vector bytes one requester receives
+    HUB_X_AGGREGATOR,  # X: vector bytes one aggregator receives
+    HUB_D_REQUESTER,  # d: key bytes one requester sends
+    HUB_D_AGGREGATOR,  # D: key bytes one aggregator sends
+    HUB_HBM,  # h: an aggregator's HBM bytes
+    HUB_BUFFERS,  # b: an aggregator's buffers
+) = range(len(HUB_TERMS))
 
 
 @dataclass
@@ -1013,15 +1020,21 @@ class RankState:
         rail = self.hub_rail[cm.local_of]
         agg = rail - self.hub_own
         hub = {
-            "dist_intra": (self.hub_d_tot - rail[:, HD], (G - 1) * rail[:, HD]),
-            "dist_inter": (agg[:, HDN], (N - 1) * self.hub_own[:, HDN]),
-            "res_intra": ((G - 1) * agg[:, HX], self.hub_x_tot - rail[:, HX]),
-            "res_inter": (np.zeros(W), agg[:, HXN]),
+            "dist_intra": (
+                self.hub_d_tot - rail[:, HUB_D_REQUESTER],
+                (G - 1) * rail[:, HUB_D_REQUESTER],
+            ),
+            "dist_inter": (agg[:, HUB_D_AGGREGATOR], (N - 1) * self.hub_own[:, HUB_D_AGGREGATOR]),
+            "res_intra": (
+                (G - 1) * agg[:, HUB_X_REQUESTER],
+                self.hub_x_tot - rail[:, HUB_X_REQUESTER],
+            ),
+            "res_inter": (np.zeros(W), agg[:, HUB_X_AGGREGATOR]),
         }
         return {k: (s + hub[k][0], r + hub[k][1]) for k, (s, r) in out.items()}
 
     def aggregator(self, term: int) -> np.ndarray:
-        """Per rank, the hierarchical-ub sum `term` (HH HBM bytes, HB buffers) of the cells
+        """Per rank, the hierarchical-ub sum `term` (HUB_HBM HBM bytes, HUB_BUFFERS buffers) of the cells
         it aggregates (its rail's owners on the other nodes)."""
         return self.hub_rail[self.cm.local_of, term] - self.hub_own[:, term]
 
@@ -1038,7 +1051,7 @@ class RankState:
         launches = 3 * (a2a + int(c["dp"] > 0)) + 2 * ubs + 3 * hub
         hbm = self.hbm_own + self.hbm_all
         if hub:
-            hbm = hbm + self.aggregator(HH)
+            hbm = hbm + self.aggregator(HUB_HBM)
         lookup = hbm / cm.bw_hbm + launches * cm.k.kernel_launch_seconds
         lk = self.links()
         # the keys travel during the previous step's dense compute (the trainer's prefetch):
@@ -1095,7 +1108,7 @@ class RankState:
             + (self.all_weights + self.all_state + self.all_buf)
         )
         if self.counts["ub_hier"]:
-            out = out + self.aggregator(HB)
+            out = out + self.aggregator(HUB_BUFFERS)
         return out
 
     def estimate(self, layout: Layout) -> dict[str, Any]:
@@ -1104,7 +1117,7 @@ class RankState:
         comp = self.components()
         times = sum(comp.values(), np.zeros(cm.W))
         crit = int(np.argmax(times))
-        agg_buf = self.aggregator(HB) if self.counts["ub_hier"] else np.zeros(cm.W)
+        agg_buf = self.aggregator(HUB_BUFFERS) if self.counts["ub_hier"] else np.zeros(cm.W)
         per_rank = []
         for r in range(cm.W):
             w = float(self.weights[r] + self.all_weights)

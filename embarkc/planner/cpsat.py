@@ -100,7 +100,7 @@ from typing import Any
 import numpy as np
 
 from embarkc.planner.clusters import Unit, default_comm, initial_grid
-from embarkc.planner.cost import HH, CostModel, RankState, phase_times
+from embarkc.planner.cost import HUB_HBM, CostModel, RankState, phase_times
 from embarkc.planner.search import (
     P_NORM,
     Decision,
@@ -311,7 +311,7 @@ def _shared_parts(st: RankState) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     own = st.hbm_own / cm.bw_hbm
     if st.counts["ub_hier"]:
         # the aggregators' HBM work: the model has it per rail (`R`), not shared
-        own = own + st.aggregator(HH) / cm.bw_hbm
+        own = own + st.aggregator(HUB_HBM) / cm.bw_hbm
     t = sum(comp.values(), np.zeros(cm.W)) - own
     keys = np.zeros(cm.W)
     res = np.zeros(cm.W)
