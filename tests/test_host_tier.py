@@ -230,6 +230,25 @@ def test_a_bad_tier_or_cache_is_refused_by_the_loader(tiny_host, edit, needle):
         parse_plan(json.dumps(plan))
 
 
+def test_diff_shows_a_table_moved_to_host_memory_and_its_hbm_falling(tiny_host, tmp_path, capsys):
+    """`embarkc diff` of a plan and its host-tier edit: the table's layout reads
+    "... host K/N, cache C rows" on the edited side, and its HBM memory is its caches."""
+    _, plan = tiny_host
+    table = plan["shards"][0]["table"]
+    cells = [i for i, s in enumerate(plan["shards"]) if s["table"] == table]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(dumps_plan(plan))
+    b.write_text(dumps_plan(_with_tiers(plan, {i: 4 for i in cells})))
+    capsys.readouterr()
+    assert embarkc(["diff", str(a), str(b), "--format", "json"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)
+    change = next(c for c in data["tables_changed"] if c["table"] == table)
+    assert "grid" in change["changed"]
+    assert "host" not in change["grid_a"]
+    assert change["grid_b"] == f"{change['grid_a']} host {len(cells)}/{len(cells)}, cache 4 rows"
+    assert change["memory"]["b"] < change["memory"]["a"]
+
+
 def test_check_and_compile_accept_a_hand_edited_host_tier_plan(tiny_host, tmp_path, capsys):
     spec, plan = tiny_host
     path = tmp_path / "plan.json"

@@ -110,23 +110,38 @@ def _components(raw: Any) -> dict[str, float] | None:
 
 
 def _grid(plan: Plan, table: str) -> str:
+    """Row shards x column shards ("4x2"), followed by where the cells live when some are
+    in host memory ("4x2 host 3/8, cache 64 rows"): a change of tier or cache is a change
+    of the table's layout to a reviewer. A table all in HBM reads as before tiers existed."""
     cells = plan.shards_of(table)
     r = cells[0].row_shards
     splits = sorted({sum(1 for c in cells if c.row_shard == j) for j in range(r)})
     cols = str(splits[0]) if len(splits) == 1 else f"{splits[0]}-{splits[-1]}"
-    return f"{r}x{cols}"
+    return f"{r}x{cols}" + _storage(cells)
+
+
+def _storage(cells: list[Any]) -> str:
+    """ " host K/N, cache C rows" (or "caches A-B rows") for cells in host memory; ""."""
+    host = [c for c in cells if c.on_host]
+    if not host:
+        return ""
+    caches = sorted({c.cache_rows or 0 for c in host})
+    cache = (
+        f"cache {caches[0]:,} rows"
+        if len(caches) == 1
+        else f"caches {caches[0]:,}-{caches[-1]:,} rows"
+    )
+    return f" host {len(host)}/{len(cells)}, {cache}"
 
 
 def _table_memory(plan: Plan, table: str) -> int:
-    """Weights and optimizer state summed over the table's cells; one copy of a dp table
-    (as the planner's estimate.per_table counts it)."""
+    """Weights and optimizer state the table's cells hold in HBM (a host-tier cell: its
+    cache, as `Plan.memory_by_rank` counts it); one copy of a dp table (as the planner's
+    estimate.per_table counts it)."""
     t = plan.table(table)
     if plan.cluster_of(table).kind == "dp":
         return t.bytes_for(t.rows, t.dim)
-    return sum(
-        t.bytes_for(plan.row_count(table, s.row_shard, s.row_shards), s.width)
-        for s in plan.shards_of(table)
-    )
+    return sum(t.bytes_for(plan.cell_hbm_rows(s), s.width) for s in plan.shards_of(table))
 
 
 def _recost(program: Program, plan: Plan) -> dict[str, Any]:
