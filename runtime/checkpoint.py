@@ -61,7 +61,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from embark_runtime.files import fsync_dir, sha256_file, write_atomic
-from embark_runtime.keys import local_row, row_shard_of
+from embark_runtime.keys import local_row, row_shard_of, shard_global_rows, shard_row_count
 from embark_runtime.optimizers import OPTIMIZERS
 from embark_runtime.plan import Plan, dumps_plan, plan_digest
 
@@ -144,23 +144,6 @@ def _tmp_dir(root: Path, step: int) -> Path:
 
 def _step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step}"
-
-
-def _row_count(rows: int, row_shard: int, row_shards: int, partition: str) -> int:
-    if partition == "mod" or row_shards == 1:
-        return len(range(row_shard, rows, row_shards))
-    block = -(-rows // row_shards)
-    return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
-
-
-def _global_rows(
-    rows: int, row_shard: int, row_shards: int, partition: str, lo: int, hi: int
-) -> np.ndarray:
-    """Global rows of local rows [lo, hi) of a row shard."""
-    local = np.arange(lo, hi, dtype=np.int64)
-    if partition == "mod" or row_shards == 1:
-        return row_shard + row_shards * local
-    return row_shard * -(-rows // row_shards) + local
 
 
 def _row_interval(rows: int, row_shard: int, row_shards: int) -> tuple[int, int]:
@@ -687,7 +670,7 @@ def _check_manifest_cell(path: Path, m: dict[str, Any], c: dict[str, Any]) -> No
             f"{path}: a cell of `{name}` (row shard {j} of {r}, columns [{lo}, {hi})) lies "
             f"outside the table's {t['dim']} columns or its row shards"
         )
-    n = _row_count(t["rows"], j, r, m["row_partition"])
+    n = shard_row_count(t["rows"], j, r, m["row_partition"])
     want = {"weight": [n, hi - lo]}
     for key, kind in layout.items():
         want[key] = [n, hi - lo] if kind == "element" else [n]
@@ -780,7 +763,7 @@ def _gather(
     outs: list[CellState] = []
     for tg in targets:
         t = tables[tg.table]
-        n = _row_count(t["rows"], tg.row_shard, tg.row_shards, tg.partition)
+        n = shard_row_count(t["rows"], tg.row_shard, tg.row_shards, tg.partition)
         w = tg.columns[1] - tg.columns[0]
         first = next(c for c in manifest["cells"] if c["table"] == tg.table)
         state = {}
@@ -856,7 +839,7 @@ def _copy_cell(
     step = max(1, CHUNK_BYTES // max(1, (hi0 - lo0) * 4 * (1 + len(layout))))
     for a in range(0, n0, step):
         b = min(n0, a + step)
-        g = _global_rows(rows, j0, r0, old_partition, a, b)
+        g = shard_global_rows(rows, j0, r0, old_partition, a, b)
         weight = wslice[a:b]
         state = {k: s[a:b] for k, s in sslices.items()}
         for i in hits:

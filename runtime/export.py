@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from embark_runtime.files import fsync_dir, output_target, sha256_file, write_atomic
-from embark_runtime.keys import local_row, row_shard_of
+from embark_runtime.keys import local_row, row_shard_of, shard_global_rows, shard_row_count
 
 FORMAT = "embark-export"
 VERSION = 1
@@ -323,24 +323,6 @@ def _open_npz(p: Path) -> Source:
     return Source(p, "file", tables, cells)
 
 
-def row_count(rows: int, row_shard: int, row_shards: int, partition: str) -> int:
-    """Rows of row shard `row_shard` of `row_shards` of a table of `rows` rows."""
-    if partition == "mod" or row_shards == 1:
-        return len(range(row_shard, rows, row_shards))
-    block = -(-rows // row_shards)
-    return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
-
-
-def global_rows(
-    rows: int, row_shard: int, row_shards: int, partition: str, lo: int, hi: int
-) -> np.ndarray:
-    """Global rows of local rows [lo, hi) of a row shard."""
-    local = np.arange(lo, hi, dtype=np.int64)
-    if partition == "mod" or row_shards == 1:
-        return row_shard + row_shards * local
-    return row_shard * -(-rows // row_shards) + local
-
-
 def _open_manifest(d: Path, verify: bool = False) -> Source:
     """A sharded export or a checkpoint: its manifest's cells, each file's tensors."""
     mpath = d / MANIFEST
@@ -405,7 +387,7 @@ def _source_of_manifest(d: Path, m: dict[str, Any], fmt: str, verify: bool) -> S
         if tname not in header:
             raise ExportError(f"{d / c['file']}: no tensor `{tname}` (listed in {mpath})")
         dtype, shape, a, _ = header[tname]
-        want = [row_count(t.rows, j, r, partition), hi - lo]
+        want = [shard_row_count(t.rows, j, r, partition), hi - lo]
         if shape != want or dtype not in _NP_STORAGE:
             raise ExportError(
                 f"{d / c['file']}: tensor `{tname}` of `{name}` is {dtype} {shape}, the "
@@ -595,7 +577,7 @@ def fill_cell(
         for a in range(0, n, step):
             b = min(n, a + step)
             buf = np.empty((b - a, hi - lo), dtype=np.float32)
-            g = global_rows(rows, row_shard, row_shards, partition, a, b)
+            g = shard_global_rows(rows, row_shard, row_shards, partition, a, b)
             source.fill(table, g, lo, hi, buf)
             weight[a:b].copy_(torch.from_numpy(buf))
 

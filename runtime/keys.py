@@ -61,3 +61,21 @@ def local_row(keys: np.ndarray, rows: int, row_shards: int, partition: str) -> n
         return k // row_shards
     block = -(-rows // row_shards)
     return k % block
+
+
+def shard_row_count(rows: int, row_shard: int, row_shards: int, partition: str) -> int:
+    """Rows of row shard `row_shard` of `row_shards` of a table of `rows` rows."""
+    if partition == "mod" or row_shards == 1:
+        return len(range(row_shard, rows, row_shards))
+    block = -(-rows // row_shards)
+    return max(0, min(rows, (row_shard + 1) * block) - row_shard * block)
+
+
+def shard_global_rows(
+    rows: int, row_shard: int, row_shards: int, partition: str, lo: int, hi: int
+) -> np.ndarray:
+    """Global rows of local rows [lo, hi) of a row shard."""
+    local = np.arange(lo, hi, dtype=np.int64)
+    if partition == "mod" or row_shards == 1:
+        return row_shard + row_shards * local
+    return row_shard * -(-rows // row_shards) + local
