@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from embark_runtime.plan import Plan, PlanError, dumps_plan, parse_plan, validate_rules
+from embark_runtime.plan import Plan, PlanError, Shard, dumps_plan, parse_plan, validate_rules
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import Program, without_spans
 from embarkc.planner.types import Layout
@@ -225,12 +225,9 @@ def _beyond_plan_files(program: Program, what: str) -> EmbarkError:
     )
 
 
-def _tier_of(shard: Any) -> list[Any]:
+def _tier_of(shard: Shard) -> list[Any]:
     """A host-tier cell's tier and cache rows ([] for a cell in HBM)."""
-    tier = getattr(shard, "tier", None)
-    if tier in (None, "hbm"):
-        return []
-    return [tier, getattr(shard, "cache_rows", None)]
+    return [shard.tier, shard.cache_rows] if shard.on_host else []
 
 
 def layout_digest(plan: Plan) -> str:
