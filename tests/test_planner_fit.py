@@ -219,8 +219,18 @@ def test_a_limit_that_ends_before_any_start_fits_says_so_and_what_is_left() -> N
     assert "none of them fits; the last one: no placement fits in 16 GPUs" in d.message
     assert d.hint is not None
     assert d.hint.startswith(f"a longer --time-limit tries the {starts - tried} other starts; ")
+    # a long limit tries every start and none fits in HBM: the preset's host memory then
+    # takes tables, where without it the refusal says no placement fits (the next test)
+    plan = plan_program(program, time_limit=30.0, baselines=False)
+    assert any(s.on_host for s in plan.shards)
+    assert "host tier" in (plan.planner.model_extra or {})["message"]
+    hardware = (
+        "hardware { nodes 2 gpus_per_node 8 hbm 1538378445 B hbm_bandwidth 3.35 TB/s "
+        "nvlink 450 GB/s network 400 Gb/s }"
+    )
+    no_host = NEAR_FULL.replace("hardware { preset dgx_h100 nodes 2 hbm 1538378445 B }", hardware)
     with pytest.raises(EmbarkError) as e:
-        plan_program(program, time_limit=30.0, baselines=False)
+        plan_program(load_program_text(no_host, "no_host.embark"), time_limit=30.0, baselines=False)
     assert e.value.diagnostics[0].message.startswith("no placement fits in 16 GPUs")
 
 

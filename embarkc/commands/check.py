@@ -107,13 +107,29 @@ def summary_rows(program: Any) -> list[tuple[str, str]]:
         ("with optimizer state", format_bytes(total)),
         ("lookups per sample", f"{program.lookups_per_sample:g}"),
         ("batch", f"{program.batch_size:,} ({program.batch_size // gpus:,} per GPU)"),
-        (
-            "memory use",
-            f"{100 * used / capacity:.1f}% of {format_bytes(capacity)} "
-            f"({format_bytes(capacity - used)} headroom{copies})",
-        ),
+        _memory_row(topo, used, capacity, copies),
         *training,
     ]
+
+
+def _memory_row(topo: Any, used: float, capacity: float, copies: str) -> tuple[str, str]:
+    """The summary's memory line: HBM's share taken, or, for tables beyond HBM on a
+    cluster with host memory, that the planner puts some of them there."""
+    from embark_runtime.formatting import format_bytes
+
+    host = (topo.host_memory or 0) * topo.nodes
+    if used > capacity and host:
+        return (
+            "memory use",
+            f"{100 * used / capacity:.1f}% of {format_bytes(capacity)} of HBM: the planner "
+            f"keeps tables in host memory ({format_bytes(host)}) behind HBM caches "
+            "(docs/host_tier.md)",
+        )
+    return (
+        "memory use",
+        f"{100 * used / capacity:.1f}% of {format_bytes(capacity)} "
+        f"({format_bytes(capacity - used)} headroom{copies})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

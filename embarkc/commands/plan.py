@@ -254,6 +254,11 @@ def _print(plan: Any, wall: float, output: str | None, limit: float, program: An
         cells = cells_of[c.name]
         how = c.communication or c.gradient_exchange or ""
         print(f"  {c.name:6s} {c.kind} {how:12s} {len(c.tables):5d} tables {cells:6d} cells")
+    if extra.get("host_tier"):
+        from embarkc.planner.tiers import summary_lines
+
+        for line in summary_lines(extra["host_tier"], topo.host_memory_bytes):
+            print(line)
     # the plan file records CP-SAT's deterministic work, not the wall time (docs/plan.md)
     work = f" (cp-sat deterministic work {info.wall_time:.3g} s)" if info.wall_time else ""
     print(

@@ -222,9 +222,34 @@ class CrossChecks(LowererBase):
             if options.memory_headroom
             else ""
         )
+        host = (topo.host_memory or 0) * topo.nodes
+        if host and capacity < total <= capacity + host:
+            # the planner puts tables in host memory behind HBM caches (docs/host_tier.md)
+            return
+        biggest = max(tables, key=lambda t: t.bytes)
+        if host and total > capacity:
+            need_nodes = math.ceil(total / (per_gpu * topo.gpus_per_node + (topo.host_memory or 0)))
+            self.error(
+                f"the tables need {format_bytes(total)} (weights and optimizer state), more "
+                f"than the cluster's HBM ({format_bytes(capacity)}: {_nodes(topo.nodes)} x "
+                f"{topo.gpus_per_node} GPUs x ({format_bytes(topo.hbm_bytes)}{headroom})) "
+                f"and host memory ({format_bytes(host)}: {_nodes(topo.nodes)} x "
+                f"{format_bytes(topo.host_memory or 0)}) hold together: short by "
+                f"{format_bytes(total - capacity - host)}",
+                span,
+                (
+                    f"use at least {_nodes(need_nodes)}, more host_memory, bigger GPUs, or "
+                    f"smaller tables (the largest, `{biggest.name}`, needs "
+                    f"{format_bytes(biggest.bytes)})"
+                    # as without host memory: a size no spec's nodes hold in HBM is a typo
+                    if math.ceil(total / (per_gpu * topo.gpus_per_node)) <= ir.LIMITS["nodes"]
+                    else f"the largest table, `{biggest.name}`, needs "
+                    f"{format_bytes(biggest.bytes)}: is its `rows` a typo?"
+                ),
+            )
+            return
         if total > capacity:
             need_nodes = math.ceil(total / (per_gpu * topo.gpus_per_node))
-            biggest = max(tables, key=lambda t: t.bytes)
             self.error(
                 f"the tables need {format_bytes(total)} (weights and optimizer state) but the "
                 f"cluster holds {format_bytes(capacity)} ({_nodes(topo.nodes)} x "

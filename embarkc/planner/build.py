@@ -133,16 +133,28 @@ def build_plan(
         p = layout[name]
         if p.kind == "dp":
             continue
-        for j, lo, hi, rank in p.cell_list():
-            shards.append(
-                {
-                    "table": name,
-                    "row_shard": j,
-                    "row_shards": p.row_shards,
-                    "columns": [lo, hi],
-                    "rank": rank,
-                }
-            )
+        cache = p.cache or ()
+        for i, (j, lo, hi, rank) in enumerate(p.cell_list()):
+            shard: dict[str, Any] = {
+                "table": name,
+                "row_shard": j,
+                "row_shards": p.row_shards,
+                "columns": [lo, hi],
+                "rank": rank,
+            }
+            if cache and cache[i] >= 0:
+                # only host-tier cells say so: an all-HBM plan reads as before
+                shard["tier"] = "host"
+                if cache[i] > 0:
+                    shard["cache_rows"] = cache[i]
+            shards.append(shard)
+    host: dict[str, Any] = {}
+    if any(s.get("tier") == "host" for s in shards):
+        # a host-tier plan names the host memory and link it was planned for
+        if topo.host_memory is not None:
+            host["host_memory_bytes"] = topo.host_memory
+        if topo.host_bandwidth is not None:
+            host["host_bandwidth"] = topo.host_bandwidth
     data = {
         "format": "embark-plan",
         "version": 1,
@@ -156,6 +168,7 @@ def build_plan(
             "inter_node_bandwidth": topo.inter_node_bandwidth,
             "dense_flops": topo.dense_flops,
             "arch": topo.arch,
+            **host,
             # only when the spec sets any: a plan of the default constants reads as before
             **({"constants": dict(topo.constants)} if topo.constants else {}),
         },

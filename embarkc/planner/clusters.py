@@ -14,10 +14,20 @@ from dataclasses import dataclass
 
 from embark_runtime.formatting import format_bytes
 from embark_runtime.optimizers import columns_may_be_cut
-from embarkc.diagnostics import Diagnostic, EmbarkError
+from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Program
 from embarkc.planner.cost import CostModel, aggregator_seconds, owner_seconds
 from embarkc.planner.types import Kind, column_widths
+
+
+class NoFit(EmbarkError):
+    """The tables find no placement in the cluster's HBM (the error says why): where the
+    hardware gives host memory, the planner puts tables there instead
+    (`embarkc.planner.tiers`)."""
+
+    @staticmethod
+    def at(path: str, message: str, hint: str | None = None) -> NoFit:
+        return NoFit(Diagnostic(message, Span.of_file(path), hint))
 
 
 @dataclass(frozen=True)
@@ -266,7 +276,8 @@ def smaller_tables(cm: CostModel) -> list[str]:
 def check_fits(cm: CostModel, units: list[Unit]) -> None:
     """Raise EmbarkError when the tables cannot fit, saying what would make them fit."""
     prog = cm.program
-    total = float(prog.embedding_bytes)
+    # a host-tier table holds its caches' share of its bytes in HBM
+    total = float(sum(t.bytes * cm.tiers.get(t.name, 1.0) for t in prog.tables))
     have = cm.capacity * cm.W
     dp_pinned = sum(dp_bytes(cm, u) for u in units if u.kinds == ("dp",))
     if dp_pinned > cm.capacity:
@@ -285,7 +296,7 @@ def check_fits(cm: CostModel, units: list[Unit]) -> None:
     nodes = math.ceil(gpus / cm.G)
     fixes = [f"at least {nodes} nodes of {cm.G} GPUs ({nodes * cm.G} GPUs) instead of {cm.nodes}"]
     fixes += smaller_tables(cm)
-    raise EmbarkError.at(
+    raise NoFit.at(
         prog.sources[0].path,
         f"the embedding tables need {format_bytes(total)} ({format_bytes(weights)} of weights, "
         f"{format_bytes(state)} of optimizer state), but {cm.W} GPUs x "

@@ -58,6 +58,11 @@ precision), where cuBLAS SGEMM reaches 70-80 % of peak on large square-ish probl
 (cuBLAS performance notes); the DLRM layers are 64K x 1K x 1K-class GEMMs. Taken at the
 low end: it only sets how much key traffic the model lets hide (dense.prefetch_window)."""
 
+HOST_BANDWIDTH = 55e9
+"""Host <-> GPU copy rate per GPU per direction (bytes/s) when the hardware gives
+`host_memory` but no `host_bandwidth`: pinned-memory copies over PCIe Gen5 x16 reach
+about 55 GB/s of its 64 GB/s (embarkc.presets, the DGX H100 and H200 presets' value)."""
+
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward FLOPs per forward FLOP of a linear layer: one GEMM for the input gradient and
 one for the weight gradient, each the forward's size."""

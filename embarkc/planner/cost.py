@@ -32,6 +32,7 @@ capped at the shard's rows).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -110,6 +111,11 @@ def shard_rows(rows: int, r: int, partition: str) -> np.ndarray:
         return (rows - j + r - 1) // r
     block = -(-rows // r)
     return np.clip(rows - j * block, 0, block)
+
+
+def cache_rows_of(rows: np.ndarray, share: float) -> np.ndarray:
+    """HBM cache rows of host-tier cells of `rows` rows that cache `share` of them."""
+    return np.minimum(rows, np.floor(share * np.asarray(rows))).astype(np.int64)
 
 
 @lru_cache(maxsize=65536)
@@ -408,14 +414,38 @@ class CellValues:
     """node_dedup: per cell the row of `HUB_TERMS` sums its results add (x, X, h, b)."""
     hub_dist: np.ndarray | None = None
     """node_dedup: per cell the row its keys add (d, D), once per (row shard, owner)."""
+    cache: np.ndarray | None = None
+    """Host tier: per cell its HBM cache rows, -1 for a cell in HBM; None: every cell in
+    HBM (`weights` and `state` are then what HBM holds: a host cell's cache)."""
+    host: np.ndarray | None = None
+    """Host tier: bytes per step each cell moves over its owner's host link in each
+    direction (misses fetched with their optimizer state, as many written back)."""
+    host_memory: np.ndarray | None = None
+    """Host tier: weights and optimizer state each cell keeps in host memory."""
+    misses: np.ndarray | None = None
+    """Host tier: expected cache misses per step of each cell (`cache_model`)."""
+    lookups: np.ndarray | None = None
+    """Host tier: distinct rows each cell's owner reads per step."""
 
     def scalars(self, ci: int) -> tuple[float, ...]:
-        """Cell `ci`'s (hbm_own, weights, state, buf_own, res, res_node or 0, dist) as Python
+        """Cell `ci`'s (hbm_own, weights, state, buf_own, res, res_node or 0, dist, host or 0)
+        as Python
         floats: `RankState.move_cell` reads them once per move tried, and indexing the
         arrays each time was most of its cost."""
         if self._scalars is None:
-            node = self.res_node if self.res_node is not None else np.zeros(len(self.j))
-            cols = (self.hbm_own, self.weights, self.state, self.buf_own, self.res, node, self.dist)
+            zero = np.zeros(len(self.j))
+            node = self.res_node if self.res_node is not None else zero
+            host = self.host if self.host is not None else zero
+            cols = (
+                self.hbm_own,
+                self.weights,
+                self.state,
+                self.buf_own,
+                self.res,
+                node,
+                self.dist,
+                host,
+            )
             self._scalars = list(zip(*(c.tolist() for c in cols), strict=True))
         return self._scalars[ci]
 
@@ -448,8 +478,12 @@ class CostModel:
     The search uses `RankState` directly to cost layouts incrementally.
     """
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, tiers: Mapping[str, float] | None = None):
         self.program = program
+        self.tiers = dict(tiers or {})
+        """Tables the host-tier stage put in host memory, each with the share of its
+        cells' rows cached in HBM (`embarkc.planner.tiers`): the search costs their
+        cells so. A placement's own `cache` (a plan's cells) takes precedence."""
         topo = program.topology
         self.W = topo.world_size
         self.G = topo.gpus_per_node
@@ -463,6 +497,9 @@ class CostModel:
         self.bw_intra = topo.intra_node_bandwidth * k.nvlink_efficiency
         self.bw_inter = topo.inter_node_bandwidth * k.network_efficiency
         self.capacity = float(topo.hbm_bytes - program.options.memory_headroom)
+        self.bw_host = topo.host_bandwidth or K.HOST_BANDWIDTH
+        """Host <-> GPU bytes/s per GPU per direction: a host-tier cell's fetches and
+        write-backs."""
         self.facts = table_facts(program)
         self.node_of = np.arange(self.W) // self.G
         self.local_of = np.arange(self.W) % self.G
@@ -488,6 +525,8 @@ class CostModel:
         self._stat_cache: dict[
             tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
         ] = {}
+        self.cache_tables: dict[tuple[Any, ...], Any] = {}
+        """Memo of `cache_model.table_cache` per (table signature, row shards)."""
 
     # ------------------------------------------------------------------ statistics
     def stats(self, tf: TableFacts, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -532,11 +571,15 @@ class CostModel:
         r: int,
         cells: tuple[tuple[int, int, int], ...],
         node_dedup: bool = False,
+        cache: tuple[int, ...] | None = None,
     ) -> CellValues:
         """Costs of the cells `(row_shard, lo, hi)` of a table split into `r` row shards;
-        `node_dedup`: hierarchical ub (ignored on one node, where it is flat ub)."""
+        `node_dedup`: hierarchical ub (ignored on one node, where it is flat ub); `cache`:
+        each cell's HBM cache rows, -1 for a cell in HBM (None: the table's share in
+        `tiers`, else every cell in HBM)."""
         node_dedup = node_dedup and kind == "ub" and self.nodes > 1
-        key = (tf.cache_key(r), kind, r, cells, node_dedup)
+        share = self.tiers.get(tf.name) if cache is None else None
+        key = (tf.cache_key(r), kind, r, cells, node_dedup, cache, share)
         hit = self._cells.get(key)
         if hit is not None:
             return hit
@@ -586,6 +629,13 @@ class CostModel:
             buf_all = float((ulj * (K.KEY_BYTES + vec)).sum()) + b * tf.outputs * 4 * tf.dim
         else:
             raise ValueError(kind)
+        if cache is None and share is not None:
+            cache = tuple(cache_rows_of(rsj, share).tolist())
+        tier: dict[str, Any] = {}
+        if cache is not None and max(cache) >= 0:
+            tier = self._host_cells(tf, r, j, w, rsj, np.asarray(cache, dtype=np.float64))
+            hbm_own = hbm_own + 2.0 * tier["host"]  # rows into the cache and out of it
+            weights, state = tier.pop("held")
         cv = CellValues(
             j=j,
             lo=lo,
@@ -599,6 +649,7 @@ class CostModel:
             hbm_all=hbm_all,
             buf_all=buf_all,
             node_dedup=node_dedup,
+            **tier,
         )
         if node_dedup:
             # an aggregator: dedup of the G requests it holds, the forward gather and copy
@@ -614,15 +665,49 @@ class CostModel:
         self._cells[key] = cv
         return cv
 
+    def _host_cells(
+        self, tf: TableFacts, r: int, j: np.ndarray, w: np.ndarray, rsj: np.ndarray, c: np.ndarray
+    ) -> dict[str, Any]:
+        """The host-tier fields of cells (row shards `j`, widths `w`, rows `rsj`) whose
+        caches are `c` rows (-1: in HBM), and the bytes HBM holds of each (`held`)."""
+        from embarkc.planner.cache_model import table_cache
+
+        on_host = c >= 0
+        tc = table_cache(self, tf, r)
+        lookups = tc.lookups()[j]
+        misses = np.zeros(len(j))
+        if on_host.any():
+            misses[on_host] = tc.misses(j[on_host], c[on_host])
+        per_row = np.add(*tf.cell_bytes(1.0, w))  # type: ignore[arg-type]
+        held = np.where(on_host, np.minimum(c, rsj), rsj)
+        whole = np.add(*tf.cell_bytes(rsj, w))  # type: ignore[arg-type]
+        return {
+            "cache": np.where(on_host, c, -1.0),
+            "host": misses * per_row,
+            "host_memory": np.where(on_host, whole, 0.0),
+            "misses": misses,
+            "lookups": np.where(on_host, lookups, 0.0),
+            "held": tf.cell_bytes(held, w),  # type: ignore[arg-type]
+        }
+
     def placement_values(self, tf: TableFacts, p: Placement) -> CellValues:
         """The cells of a placement: its regular grid, or the cells a plan spelled out."""
         if p.cells_explicit is None:
             return self.grid_values(tf, p)
         cells = tuple((c[0], c[1], c[2]) for c in p.cells_explicit)
-        return self.cell_values(tf, p.kind, p.row_shards, cells, p.node_dedup)
+        return self.cell_values(tf, p.kind, p.row_shards, cells, p.node_dedup, p.cache)
 
     def grid_values(self, tf: TableFacts, p: Placement) -> CellValues:
-        key = (tf.cache_key(p.row_shards), p.kind, p.row_shards, p.widths, p.node_dedup)
+        share = self.tiers.get(tf.name) if p.cache is None else None
+        key = (
+            tf.cache_key(p.row_shards),
+            p.kind,
+            p.row_shards,
+            p.widths,
+            p.node_dedup,
+            p.cache,
+            share,
+        )
         hit = self._grid.get(key)
         if hit is not None:
             return hit
@@ -632,7 +717,7 @@ class CostModel:
             for j in range(p.row_shards)
             for k in range(len(p.widths))
         )
-        cv = self.cell_values(tf, p.kind, p.row_shards, cells, p.node_dedup)
+        cv = self.cell_values(tf, p.kind, p.row_shards, cells, p.node_dedup, p.cache)
         self._grid[key] = cv
         return cv
 
@@ -812,6 +897,11 @@ class RankState:
         self.hub_rail = np.zeros((G, len(HUB_TERMS)))
         self.hub_x_tot = 0.0
         self.hub_d_tot = 0.0
+        # host tier: bytes per step over each rank's host link, host memory per rank, and
+        # how many tables added have host-tier cells (none: the link is not costed)
+        self.host_link = np.zeros(W)
+        self.host_mem = np.zeros(W)
+        self.host_tables = 0
 
     # ------------------------------------------------------------------ updates
     def add_table(self, name: str, p: Placement, sign: float) -> None:
@@ -830,6 +920,8 @@ class RankState:
         cv = cm.placement_values(tf, p)
         ranks = np.asarray(p.rank_list(), dtype=np.int64)
         self.add_cells(cv, ranks, sign, hierarchical=p.hierarchical)
+        if cv.host is not None:
+            self.host_tables += int(sign)
         if p.kind == "ub":
             key = "ub_hier" if cv.node_dedup else "ub"
         else:
@@ -859,6 +951,10 @@ class RankState:
         np.add.at(self.weights, ranks, sign * cv.weights)
         np.add.at(self.state_b, ranks, sign * cv.state)
         np.add.at(self.buf, ranks, sign * cv.buf_own)
+        if cv.host is not None:
+            assert cv.host_memory is not None
+            np.add.at(self.host_link, ranks, sign * cv.host)
+            np.add.at(self.host_mem, ranks, sign * cv.host_memory)
         # distributor: once per distinct (row shard, owner rank)
         pair = j * W + ranks
         _, first = np.unique(pair, return_index=True)
@@ -968,11 +1064,15 @@ class RankState:
         cm = self.cm
         W, G, nodes = cm.W, cm.G, cm.nodes
         n = a // G
-        hbm_own, weights, state, buf_own, res, res_node, _ = cv.scalars(ci)
+        hbm_own, weights, state, buf_own, res, res_node, _, host = cv.scalars(ci)
         self.hbm_own[a] += sign * hbm_own
         self.weights[a] += sign * weights
         self.state_b[a] += sign * state
         self.buf[a] += sign * buf_own
+        if cv.host is not None:
+            assert cv.host_memory is not None
+            self.host_link[a] += sign * host
+            self.host_mem[a] += sign * float(cv.host_memory[ci])
         x = sign * res
         if cv.node_dedup:
             assert cv.hub_res is not None
@@ -1053,6 +1153,9 @@ class RankState:
         if hub:
             hbm = hbm + self.aggregator(HUB_HBM)
         lookup = hbm / cm.bw_hbm + launches * cm.k.kernel_launch_seconds
+        if self.host_tables:
+            # host-tier misses fetched and evicted rows written back, both directions at once
+            lookup = lookup + self.host_link / cm.bw_host
         lk = self.links()
         # the keys travel during the previous step's dense compute (the trainer's prefetch):
         # only what outlasts that window delays the step
@@ -1136,7 +1239,7 @@ class RankState:
                     },
                 }
             )
-        return {
+        out: dict[str, Any] = {
             "step_time": float(times[crit]),
             "critical_rank": crit,
             "critical_path": self.critical_path(comp),
@@ -1146,6 +1249,11 @@ class RankState:
             "dense_allreduce_time": cm.dense_allreduce_time(),
             "key_window": cm.key_window,
         }
+        if self.host_tables:
+            for r, row in enumerate(per_rank):
+                row["host_memory_bytes"] = int(round(float(self.host_mem[r])))
+            out["host_tier"] = host_tier_summary(cm, layout)
+        return out
 
 
 def phase_times(comp: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -1246,6 +1354,52 @@ def per_table(cm: CostModel, layout: Layout) -> list[dict[str, Any]]:
     return out
 
 
+def host_tier_summary(cm: CostModel, layout: Layout) -> dict[str, Any]:
+    """The estimate's `host_tier`: per table with host-tier cells, its rows, its cells in
+    host memory, their rows and cached rows summed over the cells (a row of two column
+    cells counts twice), the bytes in HBM and in host memory, the
+    expected distinct rows read and missed per step, the hit rate and the host link's
+    bytes per step; and the totals (docs/host_tier.md)."""
+    tables = []
+    for name in sorted(layout, key=lambda n: cm.facts[n].index):
+        p = layout[name]
+        if p.kind == "dp":
+            continue
+        cv = cm.placement_values(cm.facts[name], p)
+        if cv.cache is None or cv.misses is None or cv.lookups is None:
+            continue
+        assert cv.host is not None and cv.host_memory is not None
+        on = cv.cache >= 0
+        rows = shard_rows(cm.facts[name].rows, p.row_shards, cm.partition)[cv.j]
+        lookups = float(cv.lookups[on].sum())
+        misses = float(cv.misses[on].sum())
+        tables.append(
+            {
+                "table": name,
+                "table_rows": cm.facts[name].rows,
+                "cells": int(on.sum()),
+                "hbm_cells": int((~on).sum()),
+                "rows": int(rows[on].sum()),
+                "cache_rows": int(cv.cache[on].sum()),
+                "hbm_bytes": int(round(float((cv.weights + cv.state)[on].sum()))),
+                "host_bytes": int(round(float(cv.host_memory.sum()))),
+                "lookups": lookups,
+                "misses": misses,
+                "hit_rate": 1.0 - misses / lookups if lookups > 0 else 1.0,
+                "host_link_bytes": float(cv.host.sum()),
+            }
+        )
+    node = np.zeros(cm.nodes)
+    st = cm.layout_state(layout)
+    np.add.at(node, cm.node_of, st.host_mem)
+    return {
+        "cells": sum(t["cells"] for t in tables),
+        "host_bytes": sum(t["host_bytes"] for t in tables),
+        "node_host_bytes": [int(round(float(x))) for x in node],
+        "tables": tables,
+    }
+
+
 def layout_of_plan(plan: Plan) -> Layout:
     """The Layout of a plan's clusters and shards (any valid plan, hand-written included)."""
     layout: Layout = {}
@@ -1259,6 +1413,7 @@ def layout_of_plan(plan: Plan) -> Layout:
                 continue
             cells = sorted(by_table.get(name, []), key=lambda s: (s.row_shard, s.columns[0]))
             r = cells[0].row_shards
+            cache = tuple((s.cache_rows or 0) if s.on_host else -1 for s in cells)
             layout[name] = Placement(
                 kind=c.kind,
                 row_shards=r,
@@ -1266,5 +1421,6 @@ def layout_of_plan(plan: Plan) -> Layout:
                 cells_explicit=tuple(
                     (s.row_shard, s.columns[0], s.columns[1], s.rank) for s in cells
                 ),
+                cache=cache if max(cache) >= 0 else None,
             )
     return layout

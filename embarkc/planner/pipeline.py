@@ -26,8 +26,10 @@ from embark_runtime.plan import Plan
 from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Program
 from embarkc.planner import baselines as bl
+from embarkc.planner import tiers
 from embarkc.planner.budget import MAX_PLANNED_GPUS, PlanBudget
 from embarkc.planner.build import build_plan
+from embarkc.planner.clusters import NoFit
 from embarkc.planner.cost import CommandSize, CostModel
 from embarkc.planner.fixed import FixedOffer, faster_fixed, fixed_offer
 from embarkc.planner.search import GreedyResult, balanced_phases, greedy, kicked
@@ -268,10 +270,77 @@ def search_plan(
 ) -> Plan:
     """The search's plan: fixed -> greedy -> kicks -> CP-SAT -> fallback -> bound ->
     build -> checker. The baselines' time is reserved (where they fit) whether or not
-    they are recorded: the plan depends on the spec and the limit alone."""
+    they are recorded: the plan depends on the spec and the limit alone. Tables that
+    find no placement in HBM go to host memory where the hardware has it
+    (`tiered_plan`)."""
     from embarkc.planner.bound import lower_bound
 
     cm = CostModel(program)
+    if tiers.needs_host(cm):
+        return tiered_plan(program, cm, req, progress, record_baselines)
+    try:
+        layout, record, budget = search_layout(cm, req, progress, record_baselines)
+    except NoFit:
+        if not tiers.host_tier_available(program):
+            raise
+        return tiered_plan(program, cm, req, progress, record_baselines)
+    record.lower_bound = lower_bound(cm, budget.meter).step_time
+    plan = build_plan(program, layout, record.as_planner(), cm.evaluate_layout(layout))
+    return checker_stage(program, plan)
+
+
+def tiered_plan(
+    program: Program,
+    cm: CostModel,
+    req: PlanRequest,
+    progress: Progress | None,
+    record_baselines: bool,
+) -> Plan:
+    """The plan of tables that do not fit in HBM (`embarkc.planner.tiers`): tiers chosen
+    for a share of HBM (`tiers.FILLS`, lower while the search finds no placement), the
+    search with those tiers, the caches grown into the HBM it left free. `cm` costs
+    every table in HBM; the bound is its own (host memory only adds time)."""
+    from embarkc.planner.bound import lower_bound
+
+    refused: NoFit | None = None
+    for fill in tiers.FILLS:
+        chosen = tiers.choose_tiers(cm, fill)
+        if not chosen:
+            continue
+        tcm = CostModel(program, chosen)
+        try:
+            layout, record, budget = search_layout(tcm, req, progress, record_baselines)
+        except NoFit as e:
+            refused = e
+            continue
+        layout = tiers.materialize(tcm, layout)
+        searched = cm.step_time(layout)
+        layout = tiers.grow_caches(cm, layout)
+        problem = tiers.host_memory_problem(cm, layout)
+        if problem is not None:
+            raise EmbarkError.at(
+                program.sources[0].path,
+                f"the tables fit in HBM and host memory only in a plan that overfills a "
+                f"node's host memory: {problem}",
+                hint="add host_memory or nodes, or make the tables smaller",
+            )
+        record.lower_bound = lower_bound(cm, budget.meter).step_time
+        estimate = cm.evaluate_layout(layout)
+        record.message += tiers.tier_message(estimate, searched, fill)
+        plan = build_plan(program, layout, record.as_planner(), estimate)
+        return checker_stage(program, plan)
+    raise tiers.refusal(cm, refused)
+
+
+def search_layout(
+    cm: CostModel,
+    req: PlanRequest,
+    progress: Progress | None,
+    record_baselines: bool,
+) -> tuple[Layout, SearchRecord, PlanBudget]:
+    """The stages from the fixed strategies to the fallback on `cm`: the layout, the
+    record of how it was found and the budget the stages spent."""
+    program = cm.program
     budget = PlanBudget.of(req.time_limit, CommandSize.of(cm.facts), cm.W)
     record = SearchRecord(req.strategy, req.seed)
     offer = fixed_offer(program, cm, budget)
@@ -289,9 +358,7 @@ def search_plan(
         layout = cpsat_stage(cm, g, refine_seconds, req, record, progress)
     note_search(record, g, budget)
     layout = fallback_stage(cm, layout, offer, record, req.time_limit)
-    record.lower_bound = lower_bound(cm, budget.meter).step_time
-    plan = build_plan(program, layout, record.as_planner(), cm.evaluate_layout(layout))
-    return checker_stage(program, plan)
+    return layout, record, budget
 
 
 def fixed_strategy_plan(program: Program, req: PlanRequest) -> Plan:

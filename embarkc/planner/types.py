@@ -7,6 +7,8 @@ rank of every cell. Stages exchange Layouts; only `embarkc.planner.build` turns 
 * kind dp: no grid (row_shards == 1, one column of the full width) and no ranks;
 * kind rb/ub: `ranks` has `row_shards * len(widths)` entries, cell (j, k) at index
   `j * len(widths) + k`, every width positive and the widths summing to the table's dim;
+* `cache`, when given, has one entry per cell: its HBM cache rows (at most the cell's
+  rows), or -1 for a cell in HBM;
 * `communication` is "flat" or "hierarchical" (meaningful for rb and ub: rb sums the
   owner node's partials before the network, ub deduplicates each node's ids before it),
   `exchange` is "dense" or "sparse" (meaningful for dp only).
@@ -51,6 +53,9 @@ class Placement:
     cells_explicit: tuple[tuple[int, int, int, int], ...] | None = None
     """Cells (row_shard, lo, hi, rank) of a plan read from a file, whose column cuts may
     differ between row shards; None for the planner's own regular grids."""
+    cache: tuple[int, ...] | None = None
+    """Host tier: per cell (in `cell_list` order) its HBM cache rows, -1 for a cell in
+    HBM; None: every cell in HBM (or, in the search, as the cost model's `tiers` say)."""
 
     @property
     def hierarchical(self) -> bool:
@@ -109,6 +114,7 @@ class Placement:
             self.communication,
             self.exchange,
             self.cells_explicit,
+            self.cache,
         )
 
     def check(self, dim: int) -> None:
@@ -118,6 +124,7 @@ class Placement:
         assert self.row_shards >= 1 and self.widths and sum(self.widths) == dim
         assert all(w > 0 for w in self.widths)
         assert len(self.ranks) == self.row_shards * len(self.widths)
+        assert self.cache is None or len(self.cache) == len(self.ranks)
 
 
 Layout = dict[str, Placement]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from embarkc.diagnostics import EmbarkError
 from embarkc.planner.clusters import (
+    NoFit,
     Unit,
     dp_bytes,
     initial_grid,
@@ -117,7 +117,7 @@ def place_splitting(
     least = least_memory(cm)
     fixes = ["more GPUs"] + smaller_tables(cm) + ["a lower memory_headroom"]
     fixes += ["sharding a dp table (cluster rb or ub)"] if dp else []
-    raise EmbarkError.at(
+    raise NoFit.at(
         cm.program.sources[0].path,
         f"no placement fits in {cm.W} GPU{'s' if cm.W != 1 else ''} of "
         f"{format_bytes(cm.capacity)}: the tables with the buffers of their communication "

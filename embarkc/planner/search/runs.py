@@ -51,6 +51,7 @@ from functools import partial
 from embarkc.diagnostics import EmbarkError
 from embarkc.planner.budget import WorkMeter
 from embarkc.planner.clusters import (
+    NoFit,
     Unit,
     check_fits,
     initial_kinds,
@@ -339,7 +340,7 @@ def _greedy(
     if best is None and refusal is not None:
         raise refusal from None
     if best is None:
-        raise EmbarkError.at(
+        raise NoFit.at(
             cm.program.sources[0].path,
             f"no placement fits in {cm.W} GPUs of {format_bytes(cm.capacity)}: the "
             "buffers of the hierarchical ub aggregators overrun a GPU in every plan found",
@@ -430,4 +431,5 @@ def _cut_refusal(refused: EmbarkError, tried: int, starts: int) -> EmbarkError:
         else "a longer --time-limit lets the last start split its tables further"
     )
     hint = longer + (f"; {first.hint}" if first.hint else "")
+    # not a NoFit: a longer limit may find room in HBM, which the host tier must not take
     return EmbarkError([replace(first, message=message, hint=hint), *rest], refused.sources)
