@@ -5,9 +5,11 @@ What is measured, and which field of the hardware block it sets:
 
 * `hbm_bandwidth`: the device memory's copy rate (one large tensor copied into another,
   read plus written bytes over the best time).
-* `hbm_efficiency`, `kernel_launch`: pooled lookups through the runtime's torch kernels
-  (`TorchKernels.pooled_forward`, the trainer's CPU path) over a grid of dims, hotness,
-  row counts and dtypes. The per-call overhead is the time of a lookup of one id; the
+* `hbm_efficiency`, `kernel_launch`: pooled lookups over a grid of dims, hotness, row
+  counts and dtypes, through what the trainer would run them with: on CUDA the generated
+  pooled_forward kernels (rendered for the grid by the compiler's codegen, loaded by
+  `CudaKernels`, timed with CUDA events), on the CPU `TorchKernels.pooled_forward`
+  (perf_counter). The per-call overhead is the time of a lookup of one id; the
   lookups' bytes (as the cost model counts them: a key and at least `min_read` bytes of
   row per id, a pooled vector per bag) over their time less that overhead give the
   lookup bandwidth, and its share of the copy rate is the efficiency (at most 1: small
