@@ -60,6 +60,15 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def stamp() -> tuple[str, str]:
+    """Now (UTC) and the tree's commit, for a results file's heading."""
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return when, commit
+
+
 def _torchrun(args: list[str], cwd: Path) -> None:
     cmd = [
         str(BIN / "torchrun"),
@@ -142,10 +151,7 @@ def main() -> int:
             results.append(res)
     if args.no_write:
         return 0
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    when, commit = stamp()
     argv = " ".join(sys.argv[1:])
     lines = [
         f"# Cost model against the run (`python bench/model_vs_run.py {argv}`".rstrip()

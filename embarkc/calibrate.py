@@ -5,9 +5,11 @@ What is measured, and which field of the hardware block it sets:
 
 * `hbm_bandwidth`: the device memory's copy rate (one large tensor copied into another,
   read plus written bytes over the best time).
-* `hbm_efficiency`, `kernel_launch`: pooled lookups through the runtime's torch kernels
-  (`TorchKernels.pooled_forward`, the trainer's CPU path) over a grid of dims, hotness,
-  row counts and dtypes. The per-call overhead is the time of a lookup of one id; the
+* `hbm_efficiency`, `kernel_launch`: pooled lookups over a grid of dims, hotness, row
+  counts and dtypes, through what the trainer would run them with: on CUDA the generated
+  pooled_forward kernels (rendered for the grid by the compiler's codegen, loaded by
+  `CudaKernels`, timed with CUDA events), on the CPU `TorchKernels.pooled_forward`
+  (perf_counter). The per-call overhead is the time of a lookup of one id; the
   lookups' bytes (as the cost model counts them: a key and at least `min_read` bytes of
   row per id, a pooled vector per bag) over their time less that overhead give the
   lookup bandwidth, and its share of the copy rate is the efficiency (at most 1: small
@@ -36,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from embarkc.planner import constants as K
 
@@ -147,20 +149,52 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 # --------------------------------------------------------------------------- benchmarks
 
 
-def best_seconds(
-    fn: Callable[[], Any], sync: Callable[[], None], repeats: int, budget: float
-) -> float:
-    """The least time of one call of `fn` over `repeats` runs (after one warm-up), stopping
-    early once `budget` seconds are spent."""
-    fn()
-    sync()
+class Clock(Protocol):
+    """Times one call of a benchmark on the device it runs on."""
+
+    def seconds(self, fn: Callable[[], Any]) -> float: ...
+
+
+@dataclass
+class HostClock:
+    """`perf_counter` around the call and `sync` (the CPU, or a device to wait for)."""
+
+    sync: Callable[[], None] = lambda: None
+
+    def seconds(self, fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t0
+
+
+@dataclass
+class EventClock:
+    """CUDA events recorded on the current stream before and after the call, the end one
+    waited for: the device's time of what the call enqueued, with the gaps the host leaves
+    while it enqueues (a launch's overhead, when the stream has nothing else to run).
+    `event` makes one timing event (`torch.cuda.Event(enable_timing=True)`)."""
+
+    event: Callable[[], Any]
+
+    def seconds(self, fn: Callable[[], Any]) -> float:
+        start, end = self.event(), self.event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1e3
+
+
+def best_seconds(fn: Callable[[], Any], clock: Clock, repeats: int, budget: float) -> float:
+    """The least time of one call of `fn` over `repeats` runs (after one warm-up, which
+    also compiles and verifies a generated kernel), stopping early once `budget` seconds
+    are spent."""
+    clock.seconds(fn)
     best = math.inf
     spent = 0.0
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        dt = time.perf_counter() - t0
+        dt = clock.seconds(fn)
         best = min(best, dt)
         spent += dt
         if spent > budget:
@@ -169,8 +203,158 @@ def best_seconds(
 
 
 MAX_TABLE_BYTES = 128 << 20
-"""The largest table a lookup benchmark allocates (every process of a torchrun job holds
-its own): larger than any CPU cache, small enough for a shared machine."""
+"""The largest table a lookup benchmark allocates on the CPU (every process of a torchrun
+job holds its own): larger than any CPU cache, small enough for a shared machine."""
+
+MAX_TABLE_BYTES_CUDA = 1 << 30
+"""The same on a GPU: far larger than its L2 cache, a small share of its memory."""
+
+
+@dataclass(frozen=True)
+class LookupPoint:
+    """One pooled lookup the calibration times: `bags` sum-pooled bags of `hotness` ids
+    into a table of `rows` x `dim` elements of `dtype` (fp32, fp16, bf16)."""
+
+    rows: int
+    dim: int
+    hotness: int
+    dtype: str
+    bags: int
+
+    @property
+    def elem(self) -> int:
+        return {"fp32": 4, "fp16": 2, "bf16": 2}[self.dtype]
+
+
+OVERHEAD_POINT = LookupPoint(rows=16, dim=4, hotness=1, dtype="fp32", bags=1)
+"""A lookup of one id: its time is the per-call overhead (`kernel_launch`)."""
+
+
+def lookup_grid(quick: bool, cuda: bool) -> list[LookupPoint]:
+    """The lookups measured for the bandwidth: dims x hotness x rows x dtypes, each table
+    at most MAX_TABLE_BYTES (MAX_TABLE_BYTES_CUDA on a GPU). A GPU gets a batch's worth of
+    bags (a kernel of a few thousand bags is all launch on it)."""
+    dims = (16, 64) if quick else (8, 32, 128)
+    hots = (1, 8) if quick else (1, 8, 64)
+    rowss = (10_000,) if quick else (10_000, 1_000_000)
+    dtypes = ("fp32",) if quick else ("fp32", "fp16")
+    bags = 256 if quick else (65_536 if cuda else 2048)
+    cap = MAX_TABLE_BYTES_CUDA if cuda else MAX_TABLE_BYTES
+    out = []
+    for rows in rowss:
+        for dtype in dtypes:
+            for dim in dims:
+                for hot in hots:
+                    p = LookupPoint(rows, dim, hot, dtype, bags)
+                    if rows * dim * p.elem <= cap:
+                        out.append(p)
+    return out
+
+
+def lookup_instantiations(points: Sequence[LookupPoint]) -> list[Any]:
+    """The forward kernels that time `points`: for each, the pooled_forward instantiation
+    the trainer's kernel set holds for a cell of that width and dtype read by a sum-pooled,
+    unweighted feature of that hotness (`embarkc.codegen.cuda.lookup_instantiations`,
+    where `kernel_instantiations` takes a plan's kernels from). Sorted, each once."""
+    from embarkc.codegen import cuda
+
+    found = set()
+    for p in points:
+        for inst in cuda.lookup_instantiations(p.dim, p.dtype, "sum", False, p.hotness, "sgd"):
+            if inst.family == "pooled_forward":
+                found.add(inst)
+    return sorted(found)
+
+
+def lookup_kernel_files(points: Sequence[LookupPoint], arch: str) -> dict[str, str]:
+    """{path: source} of those kernels plus their manifest, rendered as `embarkc compile`
+    renders a plan's (`render_instantiations`), for `arch`."""
+    from embarkc.codegen import cuda
+
+    return cuda.render_instantiations(lookup_instantiations(points), arch=arch)
+
+
+def kernel_arch(major: int, minor: int) -> str:
+    """The newest architecture the templates target that a device of compute capability
+    major.minor runs (the manifest records it; cupy compiles for the device itself)."""
+    from embarkc.codegen import cuda
+
+    fits = [a for a in cuda.ARCH_TO_COMPUTE if int(a[3:]) <= major * 10 + minor]
+    return max(fits, key=lambda a: int(a[3:])) if fits else min(cuda.ARCH_TO_COMPUTE)
+
+
+def lookup_kernels(
+    points: Sequence[LookupPoint], device: Any, launcher: Callable[[list[str]], Any] | None
+) -> tuple[Any, str]:
+    """The kernels the lookups are timed through, and how the file says it.
+
+    On CUDA (or with `launcher`, which makes a `Launcher` from the kernels' sources: the
+    tests' host emulation) the generated kernels: rendered for `points` and loaded by
+    `embark_runtime.cuda_kernels.CudaKernels`, the class the compiled trainer trains with
+    (NVRTC through cupy, each kernel's first call checked against the torch path). On the
+    CPU, or where the generated kernels cannot load (no cupy), the torch path, as the
+    trainer would fall back to it."""
+    from embark_runtime.kernels import TorchKernels
+
+    torch_path = "TorchKernels.pooled_forward, the trainer's CPU path"
+    if device.type != "cuda" and launcher is None:
+        return TorchKernels(), torch_path
+    from embark_runtime.cuda_kernels import CudaKernels, CudaUnavailable
+
+    arch = "sm_90"
+    if device.type == "cuda":
+        import torch
+
+        arch = kernel_arch(*torch.cuda.get_device_capability(device))
+    files = lookup_kernel_files(points, arch)
+    n = sum(p.endswith(".cu") for p in files)
+    try:
+        if launcher is not None:
+            sources = [t for p, t in sorted(files.items()) if p.endswith(".cu")]
+            kern = CudaKernels(sources=files, device=device, launcher=launcher(sources))
+        else:
+            kern = CudaKernels(sources=files, device=device)
+    except CudaUnavailable as e:
+        return TorchKernels(), f"{torch_path} (the generated kernels do not load: {e})"
+    how = "NVRTC through cupy" if launcher is None else "a host emulation"
+    return kern, f"the generated pooled_forward kernels ({n}, {arch}, {how}, CudaKernels)"
+
+
+def time_lookups(
+    kern: Any,
+    points: Sequence[LookupPoint],
+    device: Any,
+    clock: Clock,
+    repeats: int,
+    budget: float,
+) -> list[dict[str, float]]:
+    """Each point's best time through `kern.pooled_forward` (random ids, seed 0), with
+    its bytes as the cost model counts them (`lookup_bytes`)."""
+    import torch
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    out = []
+    for p in points:
+        weight = torch.empty(p.rows, p.dim, dtype=dtypes[p.dtype], device=device).uniform_()
+        ids = torch.randint(0, p.rows, (p.bags * p.hotness,), generator=gen).to(device)
+        offsets = torch.arange(0, p.bags * p.hotness + 1, p.hotness, device=device)
+
+        def call(w: Any = weight, i: Any = ids, o: Any = offsets) -> Any:
+            return kern.pooled_forward(w, i, o, None, "sum")
+
+        t = best_seconds(call, clock, repeats, budget)
+        out.append(
+            {
+                "dim": p.dim,
+                "hotness": p.hotness,
+                "rows": p.rows,
+                "elem": p.elem,
+                "bytes": lookup_bytes(p.bags, p.hotness, p.dim, p.elem),
+                "seconds": t,
+            }
+        )
+    return out
 
 
 @dataclass
@@ -188,6 +372,10 @@ class Options:
     """Ranks a node groups under torchrun: the spec's (so that 4 processes of a 2 x 2
     spec measure its node and rail groups, as the trainer forms them), else the job's
     LOCAL_WORLD_SIZE."""
+    launcher: Callable[[list[str]], Any] | None = None
+    """Makes the `Launcher` of the generated kernels from their sources, in place of
+    cupy's: with one, the lookups go through the generated kernels on the CPU (the tests
+    pass tests/cuda_emulator.py's HostLauncher)."""
 
 
 def measure(opts: Options) -> Calibration:
@@ -197,15 +385,13 @@ def measure(opts: Options) -> Calibration:
 
     import torch
 
-    from embark_runtime.kernels import TorchKernels
-
     cuda = torch.cuda.is_available()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     comm = None
     if distributed:
         comm = _join(cuda, opts.gpus_per_node)
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock: Clock = EventClock(lambda: torch.cuda.Event(enable_timing=True)) if cuda else HostClock()
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     world = comm.world if comm is not None else 1
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -233,7 +419,7 @@ def measure(opts: Options) -> Calibration:
     n = (8 if opts.quick else 64) << 20
     src = torch.empty(n // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    copy = best_seconds(lambda: dst.copy_(src), sync, 5 if opts.quick else 20, 2.0)
+    copy = best_seconds(lambda: dst.copy_(src), clock, 5 if opts.quick else 20, 2.0)
     copy_rate = 2 * n / copy
     f["hbm_bandwidth"] = Value(
         rate_text(copy_rate),
@@ -242,60 +428,28 @@ def measure(opts: Options) -> Calibration:
     )
 
     # ---- lookups
-    kern = TorchKernels()
-    gen = torch.Generator(device="cpu").manual_seed(0)
-
-    def lookup(rows: int, dim: int, hotness: int, bags: int, dtype: torch.dtype) -> float:
-        weight = torch.empty(rows, dim, dtype=dtype, device=device).uniform_()
-        ids = torch.randint(0, rows, (bags * hotness,), generator=gen).to(device)
-        offsets = torch.arange(0, bags * hotness + 1, hotness, device=device)
-        return best_seconds(
-            lambda: kern.pooled_forward(weight, ids, offsets, None, "sum"),
-            sync,
-            5 if opts.quick else 20,
-            1.0,
-        )
-
-    overhead = lookup(16, 4, 1, 1, torch.float32)
+    points = lookup_grid(opts.quick, cuda)
+    kern, via = lookup_kernels([OVERHEAD_POINT, *points], device, opts.launcher)
+    repeats = 5 if opts.quick else 20
+    (one,) = time_lookups(kern, [OVERHEAD_POINT], device, clock, repeats, 1.0)
+    overhead = one["seconds"]
+    cal.lookups = time_lookups(kern, points, device, clock, repeats, 1.0)
+    fell = sum(getattr(kern, "fallbacks", {}).values())
+    if fell:
+        via += f"; {fell} calls fell back to the torch path: {dict(kern.fallbacks)}"
     f["kernel_launch"] = Value(
         time_text(overhead),
-        "a pooled lookup of one id (TorchKernels.pooled_forward), best of several: the "
-        "per-call overhead",
+        f"a pooled lookup of one id through {via}, best of several "
+        f"({'CUDA events' if cuda else 'perf_counter'}): the per-call overhead",
     )
-    dims = (16, 64) if opts.quick else (8, 32, 128)
-    hots = (1, 8) if opts.quick else (1, 8, 64)
-    rowss = (10_000,) if opts.quick else (10_000, 1_000_000)
-    dtypes = (torch.float32,) if opts.quick else (torch.float32, torch.float16)
-    bags = 256 if opts.quick else 2048
-    xs: list[float] = []
-    ts: list[float] = []
-    for rows in rowss:
-        for dtype in dtypes:
-            elem = torch.empty((), dtype=dtype).element_size()
-            for dim in dims:
-                if rows * dim * elem > MAX_TABLE_BYTES:
-                    continue
-                for hot in hots:
-                    t = lookup(rows, dim, hot, bags, dtype)
-                    nbytes = lookup_bytes(bags, hot, dim, elem)
-                    xs.append(nbytes)
-                    ts.append(t)
-                    cal.lookups.append(
-                        {
-                            "dim": dim,
-                            "hotness": hot,
-                            "rows": rows,
-                            "elem": elem,
-                            "bytes": nbytes,
-                            "seconds": t,
-                        }
-                    )
-    moved = sum(xs)
-    spent = sum(max(t - overhead, 1e-9) for t in ts)
+    moved = sum(m["bytes"] for m in cal.lookups)
+    spent = sum(max(m["seconds"] - overhead, 1e-9) for m in cal.lookups)
     lookup_rate = moved / spent
+    dtypes = sorted({p.dtype for p in points})
     grid = (
-        f"{len(xs)} pooled lookups (dims {list(dims)}, hotness {list(hots)}, rows "
-        f"{list(rowss)}, {'fp32' if len(dtypes) == 1 else 'fp32 and fp16'}, {bags} bags)"
+        f"{len(points)} pooled lookups (dims {sorted({p.dim for p in points})}, hotness "
+        f"{sorted({p.hotness for p in points})}, rows {sorted({p.rows for p in points})}, "
+        f"{' and '.join(dtypes)}, {points[0].bags} bags, through the kernels above)"
     )
     if lookup_rate > copy_rate:
         # the lookups read tables a cache holds: the copy rate would overstate their time,
@@ -316,12 +470,12 @@ def measure(opts: Options) -> Calibration:
     side = 512 if opts.quick else 2048
     a = torch.rand(side, side, device=device)
     b = torch.rand(side, side, device=device)
-    mm = best_seconds(lambda: a @ b, sync, 3 if opts.quick else 10, 3.0)
+    mm = best_seconds(lambda: a @ b, clock, 3 if opts.quick else 10, 3.0)
     peak = 2 * side**3 / mm
     f["dense_flops"] = Value(
         flops_text(peak), f"fp32 matmul {side}x{side}x{side}, best of several ({how})"
     )
-    rate, what = _dense_rate(opts, device, sync)
+    rate, what = _dense_rate(opts, device, clock)
     f["dense_efficiency"] = Value(
         _g(min(1.0, max(rate / peak, 1e-4))),
         f"{what} at {flops_text(rate)}, over dense_flops",
@@ -331,7 +485,7 @@ def measure(opts: Options) -> Calibration:
     if comm is not None:
         # the ranks' benchmarks above take different times on a shared machine
         comm.barrier()
-        _collectives(comm, opts, sync, device, f)
+        _collectives(comm, opts, clock, device, f)
     else:
         f["nvlink"] = Value(
             rate_text(copy_rate),
@@ -350,7 +504,7 @@ def measure(opts: Options) -> Calibration:
     return cal
 
 
-def _dense_rate(opts: Options, device: Any, sync: Callable[[], None]) -> tuple[float, str]:
+def _dense_rate(opts: Options, device: Any, clock: Clock) -> tuple[float, str]:
     """FLOP/s of the dense part's forward and backward (the spec's model, or a
     DLRM-sized one), and a description of what ran."""
     import torch
@@ -384,7 +538,7 @@ def _dense_rate(opts: Options, device: Any, sync: Callable[[], None]) -> tuple[f
         out = model(dense, emb)
         out.sum().backward()
 
-    t = best_seconds(step, sync, 3 if opts.quick else 10, 3.0)
+    t = best_seconds(step, clock, 3 if opts.quick else 10, 3.0)
     bottom, rest = shape.forward_flops()
     flops = (bottom + rest) * (1 + K.BACKWARD_FLOPS_FACTOR) * samples
     return flops / t, what
@@ -412,9 +566,7 @@ def _join(cuda: bool, gpus_per_node: int) -> Any:
     return comm
 
 
-def _collectives(
-    comm: Any, opts: Options, sync: Callable[[], None], device: Any, f: dict[str, Value]
-) -> None:
+def _collectives(comm: Any, opts: Options, clock: Clock, device: Any, f: dict[str, Value]) -> None:
     """All-to-all inside the node and (several nodes) on the rails: latency and bandwidth
     fitted over message sizes; the slowest rank's time counts (a collective ends for all
     when its slowest member ends)."""
@@ -438,7 +590,7 @@ def _collectives(
 
             t = best_seconds(
                 exchange,
-                sync,
+                clock,
                 5 if opts.quick else 20,
                 2.0,
             )

@@ -15,7 +15,7 @@ Each is compared for the plan's critical rank and for the mean over ranks, on th
 over the measured steps after the first `skip` (warm-up). The step itself: the plan's two
 step times (largest per-rank sum, `step_time`, and the critical path, every phase waiting
 for its slowest rank) are both measured from the run's phases, and the step's own wall
-time says which one the runtime follows.
+time is set beside both (`Comparison.follows`).
 """
 
 from __future__ import annotations
@@ -78,11 +78,21 @@ class Comparison:
 
     @property
     def follows(self) -> str:
-        """Which of the two measured step times the wall time is closer to."""
+        """Which of the plan's two step times the step's own wall time (its embedding part)
+        is closer to, or "undetermined" where the two predictions lie within
+        SEPARATION of each other (a run cannot tell them apart). The run's measured
+        largest per-rank sum is no evidence either way: a rank's wall time is the sum of
+        its own phases, waits for its peers included, so it sits at that sum by
+        construction (docs/measure.md, "Which step time the runtime follows")."""
+        s, c = self.predicted_step_time, self.predicted_critical_path
+        if s <= 0 or abs(c - s) <= SEPARATION * s:
+            return "undetermined"
         wall = self.measured_embedding_wall
-        a = abs(wall - self.measured_rank_sum)
-        b = abs(wall - self.measured_critical_path)
-        return "critical_path" if b <= a else "step_time"
+        return "critical_path" if abs(wall - c) <= abs(wall - s) else "step_time"
+
+
+SEPARATION = 0.05
+"""The least relative gap between the plan's two step times for `follows` to pick one."""
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -184,6 +194,14 @@ def compare(plan: Any, records: list[dict[str, Any]], skip: int) -> Comparison:
     )
 
 
+FOLLOWS = {
+    "step_time": "nearer the plan's largest per-rank sum",
+    "critical_path": "nearer the plan's critical path",
+    "undetermined": f"the plan's two step times lie within {SEPARATION:.0%}: this run "
+    "cannot tell which one it follows",
+}
+
+
 def _us(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e6:,.1f}"
 
@@ -217,7 +235,7 @@ def render(c: Comparison, tolerance: float) -> str:
         f"  critical path          plan {_us(c.predicted_critical_path)}  run "
         f"{_us(c.measured_critical_path)}",
         f"  the run's own wall time (less the non-embedding phases) {_us(c.measured_embedding_wall)}"
-        f": it follows the {'critical path' if c.follows == 'critical_path' else 'largest per-rank sum'}",
+        f": {FOLLOWS[c.follows]}",
         f"whole step (slowest rank) {_us(c.measured_step)}",
     ]
     off = [

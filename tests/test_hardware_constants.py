@@ -135,3 +135,42 @@ def test_bad_constants_are_clear_errors(tmp_path, capsys, field: str, message: s
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert "bad.embark:3:" in err
+
+
+TWO_NODES = """
+hardware {{ nodes 2 gpus_per_node 2 hbm 1 GiB hbm_bandwidth 100 GB/s nvlink 50 GB/s
+  network 10 GB/s dense_flops 1 TFLOP/s {extra} }}
+table a {{ rows 20000 dim 16 hotness 4 }}
+table b {{ rows 5000 dim 4 hotness 2 }}
+model {{ batch 256 dense_features 4 bottom_mlp [16, 8] top_mlp [8, 1] }}
+"""
+
+CHANGED = {
+    "hbm_efficiency": "0.3",
+    "nvlink_efficiency": "0.2",
+    "network_efficiency": "0.2",
+    "dense_efficiency": "0.1",
+    "kernel_launch": "1 ms",
+    "collective_latency": "1 ms",
+    "network_latency": "1 ms",
+    "min_read": "1024 B",
+}
+
+
+@pytest.mark.parametrize("key", sorted(K.TUNABLE))
+def test_every_settable_constant_changes_the_estimate(key: str) -> None:
+    """Each constant the hardware block may set moves the plan's estimate (the step time,
+    or for dense_efficiency the dense compute's key window), on two nodes so that
+    the network constants take part; a new constant in TUNABLE must be listed here."""
+    assert set(CHANGED) == set(K.TUNABLE)
+
+    def estimate(extra: str):
+        program = load_program_text(TWO_NODES.format(extra=extra), "hw2.embark")
+        return plan_program(program, strategy="row-wise", baselines=False).estimate
+
+    base, changed = estimate(""), estimate(f"{key} {CHANGED[key]}")
+    if key == "dense_efficiency":
+        # slower dense compute: a longer window for the next batch's keys to hide in
+        assert changed.key_window > base.key_window
+    else:
+        assert changed.step_time > base.step_time

@@ -23,12 +23,8 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-$(command -v python || command -v python3)}"
 # the wheels bench/gpu/prepare.sh downloaded (pydantic for train.py), when they are needed
-wheels="$here/../../.whl"
-if ! "$python" -c "import pydantic" 2>/dev/null && ls "$wheels"/*.whl >/dev/null 2>&1; then
-  site="${TMPDIR:-/tmp}/embark-site"
-  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" "$wheels"/*.whl && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. "$here/wheels.sh"
+embark_wheels "pydantic"
 # bench/gpu/e2e.py after the kernels: whole training steps of criteo_kaggle on one GPU
 # against a plain PyTorch DLRM (--no-e2e leaves it out); its table goes beside --out as
 # e2e.md (stdout without --out)
