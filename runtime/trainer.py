@@ -1297,6 +1297,11 @@ class _Sharded:
         totals = torch.tensor(flat, dtype=torch.float64, device=self.device)
         self.dist.all_reduce(totals)
         t = totals.cpu().tolist()
+        # the wait-free backward's rows outside a table are said here, where the host has
+        # waited for the step anyway (the kernels that defer them have check_rows)
+        check_rows = getattr(self.embeddings.kernels, "check_rows", None)
+        if check_rows is not None:
+            check_rows()
         self.cache_record = stats_record(t[2 + 2 * len(self.clusters) :], self.cached)
         per_cluster = {
             c: {"intra": int(t[2 + 2 * i]), "inter": int(t[3 + 2 * i])}
