@@ -623,7 +623,7 @@ class _Data:
                 plan,
                 fmt=args.data_format,
                 dense_features=program.dense.dense_features,
-                column_map=readers.parse_column_map(args.column_map) if args.column_map else None,
+                column_map=spec_columns(plan, args.column_map),
             )
             self.description = f"{self.path}"
             # nothing held out: evaluation cycles over the training batches
@@ -917,6 +917,17 @@ class _Reference:
             self.last_eval = _report_eval(
                 self.log, done, np.concatenate(labels), np.concatenate(scores)
             )
+
+
+def spec_columns(plan: Plan, flag: str | None) -> dict[str, str] | None:
+    """The data's column of each feature: the spec's `column`s (plan.json's), with the
+    --column-map flag's entries over them; None when neither names any."""
+    from embark_runtime import readers
+
+    columns = {f.name: f.column for f in plan.features if f.column is not None}
+    if flag:
+        columns.update(readers.parse_column_map(flag))
+    return columns or None
 
 
 def dense_extra(
