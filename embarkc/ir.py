@@ -324,6 +324,9 @@ class Feature(Node):
     pooling: Pooling = "sum"
     weighted: bool = False
     access: Access = Access()
+    column: str | None = None
+    """the column of the input data (Parquet, Criteo) holding this feature's ids; None:
+    the column named as the feature (the trainer's --column-map overrides either)"""
 
 
 # --------------------------------------------------------------------------- dense model

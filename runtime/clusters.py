@@ -34,6 +34,17 @@ rows present in the global batch are updated, as in the reference.
 Value buffers (partial vectors, vectors per key, gradients) are in the kernels'
 accumulation dtype `kernels.accum`: fp32 as above, or fp64 in the exact mode
 (`TorchKernels(torch.float64)`), where they carry twice the bytes.
+
+Waits for the device. On kernels that keep their counts on the device (`wait_free`: the
+generated CUDA kernels, embark_runtime.cuda_kernels) the backward and the updates never
+wait per table: rb owners run the fused backward + update on their bags; updates of rows
+that may repeat (ub owners, sparse dp) run it on bags of one id, which sums the repeats;
+requesters' and dp row gradients stay padded to the ids' count (`pooled_backward_padded`)
+and are scattered past a spare row; dense dp updates the rows of the exchanged mask at
+the mask's count (`sparse_update_padded`). What remains is what sizes a message: a sparse
+dp cluster reads its tables' row counts once, for the all-gather. Rows outside a table
+are said at the kernels' next `check_rows`. The torch path (CPU) runs the two steps
+(row gradients, then `apply_update`), as before.
 """
 
 from __future__ import annotations
@@ -59,6 +70,31 @@ from embark_runtime.storage import Cell, new_cell
 
 I64 = torch.int64
 F32 = torch.float32
+
+
+WAIT_FREE = ("pooled_backward_update", "pooled_backward_padded", "sparse_update_padded")
+"""The kernels' extensions of Kernels that keep counts on the device (CudaKernels)."""
+
+
+def wait_free(kernels: Kernels) -> bool:
+    return all(hasattr(kernels, name) for name in WAIT_FREE)
+
+
+def one_id_bags(n: int, device) -> Tensor:
+    """Offsets of n bags of one id each."""
+    return torch.arange(n + 1, dtype=I64, device=device)
+
+
+def scatter_padded(
+    rows: int, unique: Tensor, values: Tensor, count: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """[rows, *values.shape[1:]] zeros with `values[i]` at row `unique[i]` for i < count
+    (a [1] tensor on the device), without reading the count: the entries past it go to a
+    spare last row, cut off."""
+    slot = torch.where(torch.arange(unique.numel(), device=unique.device) < count, unique, rows)
+    out = torch.zeros(rows + 1, *values.shape[1:], dtype=dtype, device=values.device)
+    out.index_put_((slot,), values.to(dtype))
+    return out[:rows]
 
 
 def _cat(parts: list[Tensor], dtype: torch.dtype, device) -> Tensor:
@@ -156,6 +192,8 @@ class Cluster:
         """host-tier cells' lookups of the next step, made ahead by `stage`"""
         self.any_weighted = any(f.weighted for fs in self.features.values() for f in fs)
         self.any_concat = any(f.pooling == "concat" for fs in self.features.values() for f in fs)
+        self.wait_free = wait_free(kernels)
+        """the backward and the updates keep every count on the device (module docstring)"""
 
     def resident(self, key: CellKey, rows: Tensor) -> tuple[Tensor, Tensor]:
         """(weights, index) for this step's lookup of local `rows` of a cell: the cell's
@@ -205,12 +243,44 @@ class Cluster:
         return {}
 
     def update_cell(self, key: CellKey, rows: Tensor, grads: Tensor) -> None:
+        """Update a cell's local `rows` (they may repeat) with their gradients."""
         cell = self.cells[key]
         table = self.table_by_name[key.table]
         if cell.cache is not None:
             cell.cache.update(self.kernels, rows, grads, table)
             return
+        self._update(cell, table, rows, grads)
+
+    def _update(self, cell: Cell, table, rows: Tensor, grads: Tensor) -> None:
+        if self.wait_free:
+            self._fused(cell, table, grads, rows, one_id_bags(rows.numel(), self.device), None)
+            return
         apply_update(self.kernels, cell.weight, cell.state, rows, grads, table)
+
+    def _fused(self, cell: Cell, table, grad, rows, offsets, weights) -> None:
+        self.kernels.pooled_backward_update(  # type: ignore[attr-defined]
+            cell.weight,
+            cell.state,
+            grad,
+            rows,
+            offsets,
+            weights,
+            "sum",
+            table.optimizer,
+            table.optimizer_params,
+        )
+
+    def row_grads(
+        self, grad: Tensor, rows: Tensor, offsets: Tensor, weights: Tensor | None, num_rows: int
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(distinct rows, their gradients, count): exact with count None (the torch path),
+        or padded to the ids' count with the count on the device (wait_free)."""
+        if self.wait_free:
+            return self.kernels.pooled_backward_padded(  # type: ignore[attr-defined]
+                grad, rows, offsets, weights, "sum", num_rows
+            )
+        unique, grads = self.kernels.pooled_backward(grad, rows, offsets, weights, "sum", num_rows)
+        return unique, grads, None
 
     def feature_slots(self, table: str, b: int) -> list[int]:
         return [b * f.bag_max if f.pooling == "concat" else b for f in self.features[table]]
@@ -288,7 +358,7 @@ class DpCluster(Cluster):
                 self.device,
             )
             g = self.table_unit_grads(t.name, feats, grads)
-            touched[t.name] = self.kernels.pooled_backward(g, rows, offsets, weights, "sum", t.rows)
+            touched[t.name] = self.row_grads(g, rows, offsets, weights, t.rows)
         if self.exchange == "dense":
             buf = _cat(
                 [self._dense(t, *touched[t.name]) for t in self.tables], self.acc, self.device
@@ -298,7 +368,14 @@ class DpCluster(Cluster):
             )
             base = 0
             for t in self.tables:
-                mask[base + touched[t.name][0]] = 1
+                unique, _, count = touched[t.name]
+                if count is None:
+                    mask[base + unique] = 1
+                else:
+                    ones = torch.ones(unique.numel(), dtype=torch.int32, device=self.device)
+                    mask[base : base + t.rows] = scatter_padded(
+                        t.rows, unique, ones, count, torch.int32
+                    )
                 base += t.rows
             # one hierarchical all-reduce, every table cut into its own chunks (the doc
             # counts one all-reduce per table)
@@ -311,6 +388,13 @@ class DpCluster(Cluster):
             )
             p2 = self.comm.all_reduce(mask, async_op=True)
             return ("dense", p1, p2)
+        if self.wait_free:
+            # the one wait of the backward: the all-gather is sized by the tables' rows
+            used = torch.cat([touched[t.name][2] for t in self.tables]).tolist()  # type: ignore[misc]
+            touched = {
+                t.name: (touched[t.name][0][:n], touched[t.name][1][:n], None)
+                for t, n in zip(self.tables, used, strict=True)
+            }
         keys = _cat([touched[t.name][0] for t in self.tables], I64, self.device)
         vals = _cat([touched[t.name][1] for t in self.tables], self.acc, self.device)
         counts = self.comm.all_gather_ints([touched[t.name][0].numel() for t in self.tables])
@@ -330,7 +414,9 @@ class DpCluster(Cluster):
         )
         return ("sparse", p1, p2, counts)
 
-    def _dense(self, t, rows: Tensor, grads: Tensor) -> Tensor:
+    def _dense(self, t, rows: Tensor, grads: Tensor, count: Tensor | None) -> Tensor:
+        if count is not None:
+            return scatter_padded(t.rows, rows, grads, count, self.acc)
         d = torch.zeros(t.rows, t.dim, dtype=self.acc, device=self.device)
         d[rows] = grads
         return d
@@ -340,10 +426,25 @@ class DpCluster(Cluster):
             buf, mask = pending[1].wait(), pending[2].wait()
             base_m = base_b = 0
             for t in self.tables:
-                rows = torch.nonzero(mask[base_m : base_m + t.rows]).reshape(-1)
-                g = buf[base_b : base_b + t.rows * t.dim].reshape(t.rows, t.dim)[rows]
+                touched = mask[base_m : base_m + t.rows]
+                summed = buf[base_b : base_b + t.rows * t.dim].reshape(t.rows, t.dim)
                 cell = self.replica(t.name)
-                apply_update(self.kernels, cell.weight, cell.state, rows, g, t)
+                if self.wait_free:
+                    # the touched rows first, at their count on the device
+                    rows = torch.nonzero_static(touched, size=t.rows, fill_value=0).reshape(-1)
+                    count = (touched != 0).sum().reshape(1)
+                    self.kernels.sparse_update_padded(  # type: ignore[attr-defined]
+                        cell.weight,
+                        cell.state,
+                        rows,
+                        summed[rows],
+                        count,
+                        t.optimizer,
+                        t.optimizer_params,
+                    )
+                else:
+                    rows = torch.nonzero(touched).reshape(-1)
+                    apply_update(self.kernels, cell.weight, cell.state, rows, summed[rows], t)
                 base_m += t.rows
                 base_b += t.rows * t.dim
             return
@@ -365,8 +466,7 @@ class DpCluster(Cluster):
             g = torch.cat([v for _, v in per_table[t.name]]) if per_table[t.name] else None
             if g is None or rows.numel() == 0:
                 continue
-            cell = self.replica(t.name)
-            apply_update(self.kernels, cell.weight, cell.state, rows, g, t)
+            self._update(self.replica(t.name), t, rows, g)
 
 
 # --------------------------------------------------------------------------- rb / ub shared
@@ -705,8 +805,12 @@ class RbCluster(ShardedCluster):
         for c in self.cells_on[me]:
             ob = owner[(c.table, c.row_shard)]
             g = torch.cat([received[c][a] for a in range(comm.world)])
+            cell = self.cells[c]
+            if self.wait_free and cell.cache is None:
+                self._fused(cell, self.table_by_name[c.table], g, ob.rows, ob.offsets, ob.weights)
+                continue
             rows, row_grads = self.kernels.pooled_backward(
-                g, ob.rows, ob.offsets, ob.weights, "sum", self.cells[c].rows
+                g, ob.rows, ob.offsets, ob.weights, "sum", cell.rows
             )
             self.update_cell(c, rows, row_grads)
 
@@ -1112,9 +1216,12 @@ class UbCluster(ShardedCluster):
                 start += fi.ids.numel()
             rows, offsets, weights = combine_bags(parts, any(f.weighted for f in fs), self.device)
             u = splits[t.name].unique.numel()
-            idx, g = self.kernels.pooled_backward(
-                self.table_unit_grads(t.name, feats, grads), rows, offsets, weights, "sum", u
+            idx, g, count = self.row_grads(
+                self.table_unit_grads(t.name, feats, grads), rows, offsets, weights, u
             )
+            if count is not None:
+                key_grads[t.name] = scatter_padded(u, idx, g, count, self.acc)
+                continue
             full = torch.zeros(u, t.dim, dtype=self.acc, device=self.device)
             full[idx] = g
             key_grads[t.name] = full

@@ -21,6 +21,7 @@ table) never wait after their first, verified call: the sort into segments sizes
 buffer by the ids' count and keeps the counts on the device, and the kernels read them
 from device memory (see `Segments`, `_backward_launch`); rows outside the table are said
 at the next `check_rows`. `pooled_backward_padded` gives row gradients the same way;
+`sparse_update_padded` updates the first rows of a buffer, their count on the device;
 `pooled_backward` and `dedup` wait once, for the size of their results. tests/
 test_cuda_syncs.py counts the waits under the emulator.
 
@@ -921,6 +922,58 @@ class CudaKernels:
             )
             unique = s.unique[: before[0].shape[0]]
             self._verify_update(entry, before, weight, state, unique, grads, optimizer, params)
+
+    def sparse_update_padded(
+        self,
+        weight: Tensor,
+        state: dict[str, Tensor],
+        unique_rows: Tensor,
+        row_grads: Tensor,
+        count: Tensor,
+        optimizer: str,
+        params: OptimizerParamsLike,
+    ) -> None:
+        """sparse_update of the first `count` ([1] int64 on the device) of `unique_rows`
+        (distinct, inside the table) with their `row_grads`, without waiting for the device
+        (extension of Kernels): the fused kernel over segments of one occurrence each,
+        whose groups past the count leave at once. The entries past the count are not
+        read. The first, verified call and a call the kernels cannot serve wait once."""
+        try:
+            self._on_device(weight, unique_rows, row_grads, count)
+            dtype, key = self._dtype(weight), self._key(unique_rows)
+            info = self.index.backward(weight.shape[1], dtype, "sum", False, key, optimizer)
+            if info is None or row_grads.shape[1] != weight.shape[1]:
+                raise _Fallback(f"no fused {optimizer} kernel for width {weight.shape[1]} sum")
+            grads = row_grads.contiguous().float()
+            self._aligned(weight, grads)
+            states = self._state_args(weight, state, optimizer)
+        except _Fallback as f:
+            self._fall("sparse_update_padded", str(f))
+            n = int(count.item())
+            self.sparse_update(weight, state, unique_rows[:n], row_grads[:n], optimizer, params)
+            return
+        n = unique_rows.numel()
+        if n == 0:
+            return
+        dev = unique_rows.device
+        entry = info.entries[0]
+        rows_c = unique_rows.contiguous()
+        before = None
+        if self._first(entry):
+            used = rows_c[: int(count.item())]
+            before = self._snapshot(weight, state, used)
+        iota = self._iota(n + 1, dev)
+        one = torch.ones(1, dtype=torch.int64, device=dev)
+        s = Segments(
+            rows_c, torch.minimum(iota, count), iota[:n], count, one, torch.zeros_like(one).bool()
+        )
+        tail = [weight, *states, *_opt_args(params)]
+        self._backward_launch(info, grads, iota, None, iota[:n], s, "sum", tail, known=(n, 1))
+        if before is not None:
+            m = before[0].shape[0]
+            self._verify_update(
+                entry, before, weight, state, rows_c[:m], grads[:m], optimizer, params
+            )
 
     def dedup(self, keys: Tensor) -> tuple[Tensor, Tensor]:
         try:

@@ -21,7 +21,7 @@ training matches the unsharded reference run on one process.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -307,6 +307,38 @@ class MixedPrecision:
         """The loss scale, for logs (fp16 only)."""
         if self.scaler is not None:
             yield "loss_scale", float(self.scaler.get_scale())
+
+    def scaler_state(self) -> dict[str, torch.Tensor]:
+        """The loss scaler's dynamic state as named tensors, for checkpoints: `scale`
+        (float64) and `growth_tracker` (the clean steps since the scale last moved,
+        int64); empty without a scaler (fp32, bf16), so their checkpoints hold nothing
+        more. Its fixed settings (factors, interval) are the program's, not saved."""
+        if self.scaler is None:
+            return {}
+        s = self.scaler.state_dict()
+        return {
+            "scale": torch.tensor(float(s["scale"]), dtype=torch.float64),
+            "growth_tracker": torch.tensor(int(s["_growth_tracker"]), dtype=torch.int64),
+        }
+
+    def load_scaler_state(self, state: Mapping[str, torch.Tensor]) -> bool:
+        """Continue from a `scaler_state`; False (nothing changed) without a scaler or
+        without a saved state (a checkpoint of an fp32 or bf16 run, or of before the
+        scale was saved: the scale starts afresh)."""
+        if self.scaler is None or not state:
+            return False
+        missing = sorted(set(SCALER_STATE) - set(state))
+        if missing:
+            raise DenseStateError(f"the loss scaler's state has no {', '.join(missing)}")
+        s = self.scaler.state_dict()
+        s["scale"] = float(state["scale"])
+        s["_growth_tracker"] = int(state["growth_tracker"])
+        self.scaler.load_state_dict(s)
+        return True
+
+
+SCALER_STATE = ("scale", "growth_tracker")
+"""The names of `MixedPrecision.scaler_state`."""
 
 
 def optimizer_state_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

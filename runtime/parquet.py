@@ -173,14 +173,27 @@ class ParquetReader(_Batches):
                 want.append((w, f"the weights of feature `{f.name}`", ("float", "float list")))
         for col, what, allowed in want:
             if col not in names:
-                shown = ", ".join(schema.names[:12]) + (", ..." if len(names) > 12 else "")
+                feature = what.startswith("feature")
+                # for a feature: the columns that are neither the label nor dense ones
+                listed = [
+                    n
+                    for n in schema.names
+                    if not feature or (n != self.label and n not in self.dense_columns)
+                ]
+                shown = ", ".join(listed[:30]) + (", ..." if len(listed) > 30 else "")
+                has = (
+                    "besides the label and dense columns, the file has"
+                    if feature
+                    else "the file has"
+                )
                 hint = (
-                    " (--column-map FEATURE=COLUMN maps a feature to another column)"
-                    if what.startswith("feature")
+                    " (the spec's `column` or --column-map FEATURE=COLUMN maps a feature to "
+                    "another column)"
+                    if feature
                     else ""
                 )
                 raise ReaderError(
-                    f"{path}: error: no column `{col}` for {what}; the file has: {shown}{hint}"
+                    f"{path}: error: no column `{col}` for {what}; {has}: {shown}{hint}"
                 )
             t = schema.field(col).type
             kind = _kind(t)

@@ -150,8 +150,11 @@ class PhaseClock:
 _KERNEL_PHASES = {
     "pooled_forward": "lookup",
     "pooled_backward": "lookup",
+    "pooled_backward_padded": "lookup",
     "gather_rows": "lookup",
+    "pooled_backward_update": "embedding_update",
     "sparse_update": "embedding_update",
+    "sparse_update_padded": "embedding_update",
     "scatter_add_rows": "embedding_update",
     "dedup": "distributor",
     "bucketize": "distributor",

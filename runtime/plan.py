@@ -202,6 +202,8 @@ class PlanFeature(_M):
     max_hotness: int | None = Field(default=None, le=MAX_HOTNESS)
     fixed: bool = True
     weighted: bool = False
+    column: str | None = None
+    """the input data's column of this feature (the spec's `column`); absent: its name"""
 
     @property
     def bag_max(self) -> int:

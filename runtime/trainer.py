@@ -106,6 +106,8 @@ a step no training run reaches, so evaluation samples are never trained on."""
 
 DENSE_PREFIX = "dense."
 DENSE_OPT_PREFIX = "dense_opt."
+SCALER_PREFIX = "dense_scaler."
+"""The fp16 loss scaler's state in a checkpoint's extra (MixedPrecision.scaler_state)."""
 
 
 _T = TypeVar("_T")
@@ -621,7 +623,7 @@ class _Data:
                 plan,
                 fmt=args.data_format,
                 dense_features=program.dense.dense_features,
-                column_map=readers.parse_column_map(args.column_map) if args.column_map else None,
+                column_map=spec_columns(plan, args.column_map),
             )
             self.description = f"{self.path}"
             # nothing held out: evaluation cycles over the training batches
@@ -915,6 +917,63 @@ class _Reference:
             self.last_eval = _report_eval(
                 self.log, done, np.concatenate(labels), np.concatenate(scores)
             )
+
+
+def spec_columns(plan: Plan, flag: str | None) -> dict[str, str] | None:
+    """The data's column of each feature: the spec's `column`s (plan.json's), with the
+    --column-map flag's entries over them; None when neither names any."""
+    from embark_runtime import readers
+
+    columns = {f.name: f.column for f in plan.features if f.column is not None}
+    if flag:
+        columns.update(readers.parse_column_map(flag))
+    return columns or None
+
+
+def dense_extra(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: MixedPrecision
+) -> dict[str, torch.Tensor]:
+    """What a checkpoint's extra holds of the dense part: the model, its optimizer's
+    state and, for fp16, the loss scaler's state (the scale and its growth tracker)."""
+    extra = {DENSE_PREFIX + k: v.detach().cpu() for k, v in model.state_dict().items()}
+    for k, v in optimizer_state_tensors(optimizer).items():
+        extra[DENSE_OPT_PREFIX + k] = v
+    for k, v in precision.scaler_state().items():
+        extra[SCALER_PREFIX + k] = v
+    return extra
+
+
+@dataclass(frozen=True)
+class DenseFound:
+    """What a checkpoint's extra gave the dense part (`load_dense_extra`)."""
+
+    model: bool
+    scaler: bool
+
+
+def load_dense_extra(
+    extra: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: MixedPrecision,
+    optimizer_kind: str,
+) -> DenseFound:
+    """Load a `dense_extra` into the model, its optimizer and the loss scaler; what the
+    extra lacks starts fresh (DenseStateError: it is another model's or optimizer's)."""
+
+    def part(prefix: str) -> dict[str, torch.Tensor]:
+        return {
+            k[len(prefix) :]: torch.as_tensor(v) for k, v in extra.items() if k.startswith(prefix)
+        }
+
+    dense_state = part(DENSE_PREFIX)
+    if not dense_state:
+        return DenseFound(model=False, scaler=False)
+    opt_state = part(DENSE_OPT_PREFIX)
+    check_dense_state(model, dense_state, optimizer_kind, opt_state)
+    model.load_state_dict(dense_state)
+    load_optimizer_state_tensors(optimizer, opt_state)
+    return DenseFound(model=True, scaler=precision.load_scaler_state(part(SCALER_PREFIX)))
 
 
 def _summarize(log: _Log, run: Any, wall: float, loss: float | None, first_step: int) -> None:
@@ -1297,6 +1356,11 @@ class _Sharded:
         totals = torch.tensor(flat, dtype=torch.float64, device=self.device)
         self.dist.all_reduce(totals)
         t = totals.cpu().tolist()
+        # the wait-free backward's rows outside a table are said here, where the host has
+        # waited for the step anyway (the kernels that defer them have check_rows)
+        check_rows = getattr(self.embeddings.kernels, "check_rows", None)
+        if check_rows is not None:
+            check_rows()
         self.cache_record = stats_record(t[2 + 2 * len(self.clusters) :], self.cached)
         per_cluster = {
             c: {"intra": int(t[2 + 2 * i]), "inter": int(t[3 + 2 * i])}
@@ -1475,10 +1539,7 @@ class _Sharded:
     # ------------------------------------------------------------------ state
 
     def _extra(self) -> dict[str, torch.Tensor]:
-        extra = {DENSE_PREFIX + k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        for k, v in optimizer_state_tensors(self.optimizer).items():
-            extra[DENSE_OPT_PREFIX + k] = v
-        return extra
+        return dense_extra(self.model, self.optimizer, self.precision)
 
     def _checkpoint(self, done: int) -> None:
         from embark_runtime import checkpoint
@@ -1560,30 +1621,23 @@ class _Sharded:
             path, self.plan, self.rank, verify=not verified
         )
         self.embeddings.load_cells(cells)
-        extra = dict(extra or {})
-        dense_state = {
-            k[len(DENSE_PREFIX) :]: torch.as_tensor(v)
-            for k, v in extra.items()
-            if k.startswith(DENSE_PREFIX)
-        }
-        if dense_state:
-            opt_state = {
-                k[len(DENSE_OPT_PREFIX) :]: torch.as_tensor(v)
-                for k, v in extra.items()
-                if k.startswith(DENSE_OPT_PREFIX)
-            }
-            try:
-                check_dense_state(self.model, dense_state, self.program.optimizer.kind, opt_state)
-            except DenseStateError as e:
-                raise TrainerError(
-                    f"--resume {path}: {e}. The spec's model or its optimizer changed since "
-                    "the checkpoint: resume from a checkpoint of this model, or train it from "
-                    "step 0"
-                ) from None
-            self.model.load_state_dict(dense_state)
-            load_optimizer_state_tensors(self.optimizer, opt_state)
-        else:
+        try:
+            found = load_dense_extra(
+                extra or {}, self.model, self.optimizer, self.precision, self.program.optimizer.kind
+            )
+        except DenseStateError as e:
+            raise TrainerError(
+                f"--resume {path}: {e}. The spec's model or its optimizer changed since "
+                "the checkpoint: resume from a checkpoint of this model, or train it from "
+                "step 0"
+            ) from None
+        if not found.model:
             self.log.say(f"{path} has no dense model: the dense part starts fresh")
+        elif self.precision.scaler is not None and not found.scaler:
+            self.log.say(
+                f"{path} has no fp16 loss scale (an fp32 or bf16 run's, or an older one): "
+                f"it starts afresh at {self.precision.scaler.get_scale():g}"
+            )
         return int(step), path
 
     def _pass_over(self, damaged: list[tuple[Path, str]]) -> None:

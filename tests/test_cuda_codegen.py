@@ -79,7 +79,8 @@ def test_one_instantiation_per_distinct_cell_shape():
     } - {(64, 1), (64, 2)}  # only the 40M-row tables (hotness 3 and 7) are column-cut
     fused = [i for i in insts if i.family == "backward_update" and i.optimizer != "none"]
     assert {i.optimizer for i in fused} == {"adagrad"}
-    # ub tables' requester pools wire buffers: no fused update for them
+    # ub tables' requester pools wire buffers; their owner's update is the fused sum of
+    # one-id bags, the same adagrad instantiation as the rb tables' of that width
     assert {i.family for i in insts} == set(cuda.FAMILIES)
 
 

@@ -223,3 +223,139 @@ def test_dedup_waits_once_for_its_result_size(sources, launcher):
     with pytest.raises(ValueError, match="non-negative"):
         k.dedup(torch.tensor([3, -1, 3]))
     assert not k.fallbacks
+
+
+def _clusters_plan():
+    """One rank with every kind of cluster: dense and sparse dp, an rb table cut 2 x 2,
+    a ub table in two row shards; four optimizers, a weighted feature."""
+    from mp_harness import FeatureSpec, TableSpec, make_plan
+
+    tables = [
+        TableSpec("d", 50, 16, kind="dp", optimizer="adagrad", exchange="dense"),
+        TableSpec("s", 60, 8, kind="dp", optimizer="sgd", exchange="sparse"),
+        TableSpec("r", 300, 16, kind="rb", grid=(2, 2), optimizer="adam"),
+        TableSpec("u", 200, 8, kind="ub", grid=(2, 1), optimizer="rowwise_adagrad"),
+    ]
+    features = [
+        FeatureSpec("fd", "d", 3.0),
+        FeatureSpec("fs", "s", 2.0),
+        FeatureSpec("fr", "r", 3.0),
+        FeatureSpec("fr2", "r", 2.0, weighted=True),
+        FeatureSpec("fu", "u", 3.0),
+    ]
+    return make_plan(tables, features, nodes=1, gpus_per_node=1, batch_size=32)
+
+
+def _backward_waits(emb, loss) -> list[tuple[str, str]]:
+    """The host waits of the embeddings' backward (run by autograd, where the mode of the
+    caller is not active: counted inside it) and of finish_backward."""
+    waits: list[tuple[str, str]] = []
+    inner = emb._backward_step
+
+    def counted(step, grads):
+        with HostWaits() as w:
+            inner(step, grads)
+        waits.extend(w.waits)
+
+    emb._backward_step = counted
+    try:
+        loss.backward()
+    finally:
+        del emb._backward_step
+    with HostWaits() as w:
+        emb.finish_backward()
+    return waits + w.waits
+
+
+def test_the_clusters_backward_waits_only_to_size_the_sparse_dp_all_gather():
+    """A training step of the rb, ub and dp clusters on the generated kernels (host
+    emulation): after the first, verified step, the backward and the updates never wait
+    per table; the one wait left is the sparse dp cluster's (its tables' row counts, read
+    together, size its all-gather), besides all_gather_ints itself. Before the clusters
+    used the wait-free kernels, this step waited 17 times: once per pooled_backward (7)
+    and per update's dedup (8), plus the dense dp mask's nonzero and all_gather_ints.
+    The tables end as on the torch path."""
+    from cuda_emulator import HostLauncher
+    from mp_harness import random_global_batch
+
+    from embark_runtime.embedding import ShardedEmbeddings
+    from embarkc.codegen import cuda
+
+    plan = _clusters_plan()
+    src = cuda.render_instantiations(cuda.kernel_instantiations(plan), arch="sm_90")
+    launcher = HostLauncher([t for p, t in src.items() if p.endswith(".cu")])
+    k = CudaKernels(sources=src, device="cpu", launcher=launcher, verify=True, poison=True)
+    ours = ShardedEmbeddings(plan, 0, 1, kernels=k, seed=3)
+    theirs = ShardedEmbeddings(plan, 0, 1, kernels=TorchKernels(), seed=3)
+    per_step = []
+    for step in range(3):
+        batch = random_global_batch(plan, step, seed=5)
+        for emb in (ours, theirs):
+            out = emb(batch)
+            loss = sum((v * (1 + i)).sum() for i, v in enumerate(out.values()))
+            if emb is ours:
+                per_step.append(_backward_waits(emb, loss))
+            else:
+                loss.backward()
+                emb.finish_backward()
+    k.check_rows()
+    for waits in per_step[1:]:
+        assert [(w, where.split(":")[0], where.split()[-1]) for w, where in waits] == [
+            ("tolist", "clusters.py", "start_backward"),
+            ("tolist", "comm.py", "all_gather_ints"),
+        ], waits
+    assert not k.fallbacks, k.fallbacks
+    assert {e.split("_w")[0] for e in k.calls} >= {
+        "embark_bwd_adam",  # rb: fused on the owner's bags
+        "embark_bwd_rowwise_adagrad",  # ub owner: one-id bags
+        "embark_bwd_adagrad",  # dense dp: sparse_update_padded
+        "embark_bwd_sgd",  # sparse dp: one-id bags
+    }, sorted(k.calls)
+    for t in plan.tables:
+        assert torch.allclose(ours.gather_table(t.name), theirs.gather_table(t.name), atol=1e-5)
+        for name, v in ours.gather_state(t.name).items():
+            assert torch.allclose(v, theirs.gather_state(t.name)[name], rtol=1e-4, atol=1e-5)
+
+
+def test_updates_of_repeated_and_padded_rows_never_wait_and_match_apply_update(sources, launcher):
+    """The updates the clusters run without a wait: rows that repeat (one-id bags through
+    the fused kernel) and distinct rows padded past a count on the device
+    (sparse_update_padded), against apply_update on the torch path."""
+    from types import SimpleNamespace
+
+    from embark_runtime.optim import apply_update
+
+    config = next(c for c in _bench().LOOKUPS if c.pooling == "sum" and not c.weighted)
+    bench = _bench()
+    params = bench._params(config.optimizer)
+    table = SimpleNamespace(optimizer=config.optimizer, optimizer_params=params)
+    k = CudaKernels(sources=sources, device="cpu", launcher=launcher, verify=True, poison=True)
+    gen = torch.Generator().manual_seed(9)
+    for call in range(2):  # the first call of each entry is verified and may wait
+        weight, state = _table(config, 300)
+        w0, s0 = weight.clone(), {n: v.clone() for n, v in state.items()}
+        rows = torch.randint(0, 40, (90,), generator=gen)
+        grads = torch.randn(90, config.width, generator=gen)
+        with HostWaits() as waits:
+            k.pooled_backward_update(
+                weight, state, grads, rows, torch.arange(91), None, "sum", config.optimizer, params
+            )
+        apply_update(TorchKernels(), w0, s0, rows, grads, table)
+        assert call == 0 or waits.waits == []
+        assert torch.allclose(weight.float(), w0.float(), rtol=1e-4, atol=1e-6)
+        for n in state:
+            assert torch.allclose(state[n], s0[n], rtol=1e-4, atol=1e-6)
+
+        distinct = torch.randperm(300, generator=gen)[:50]
+        padded = torch.cat([distinct, torch.full((30,), -7)])  # past the count: never read
+        pgrads = torch.randn(80, config.width, generator=gen)
+        with HostWaits() as waits:
+            k.sparse_update_padded(
+                weight, state, padded, pgrads, torch.tensor([50]), config.optimizer, params
+            )
+        apply_update(TorchKernels(), w0, s0, distinct, pgrads[:50], table)
+        assert call == 0 or waits.waits == []
+        assert torch.allclose(weight.float(), w0.float(), rtol=1e-4, atol=1e-6)
+        for n in state:
+            assert torch.allclose(state[n], s0[n], rtol=1e-4, atol=1e-6)
+    assert not k.fallbacks, k.fallbacks

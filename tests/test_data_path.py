@@ -144,7 +144,11 @@ def _table(n: int = B, **override) -> pa.Table:
 @pytest.mark.parametrize(
     "override, message",
     [
-        ({"f2": None}, "error: no column `f2` for feature `f2`; the file has: label, extra, I1"),
+        (
+            {"f2": None},
+            "error: no column `f2` for feature `f2`; besides the label and dense columns, the "
+            "file has: extra, f0, f1, f3",
+        ),
         ({"I4": None}, "error: no column `I4` for a dense column"),
         ({"label": None}, "error: no column `label` for the label"),
         (

@@ -253,3 +253,50 @@ def test_sigterm_ends_a_prefetching_run_at_once(tiny, tmp_path):
             p.kill()
     assert p.returncode == -signal.SIGTERM
     assert "terminate called" not in err and "Traceback" not in err
+
+
+def test_a_spec_column_maps_a_feature_to_a_parquet_column_of_another_name(tiny, tmp_path, capsys):
+    """`column "bb"` in a feature: the trainer reads that feature's ids (and weights) from
+    column `bb`, training the tables of the run on the file with the feature's own name;
+    --column-map still overrides the spec; a column the file lacks is an error naming it
+    and the file's columns (exit 2). plan.json carries the column only where it is set."""
+    from embark_runtime.trainer import main
+
+    text = TINY.read_text().replace(
+        "feature brand_bought {", 'feature brand_bought {\n  column "bb"', 1
+    )
+    assert 'column "bb"' in text
+    mapped = compile_text(text, tmp_path, "mapped")
+    plan = load_plan(mapped / "plan.json")
+    assert [f.column for f in plan.features if f.column] == ["bb"]
+    assert '"column"' not in (tiny / "plan.json").read_text()
+    prog = load_module(mapped / "train.py", "mapped_train").PROGRAM
+    base = load_module(tiny / "train.py", "tiny_train_columns").PROGRAM
+
+    own = tmp_path / "own.parquet"
+    synthetic_parquet(tiny, own, 3)
+    t = pq.read_table(own)
+    renamed = tmp_path / "renamed.parquet"
+    pq.write_table(
+        t.rename_columns(["bb" if n == "brand_bought" else n for n in t.schema.names]), renamed
+    )
+
+    def run(program, data: Path, out: str, *extra: str) -> tuple[int, str]:
+        capsys.readouterr()
+        argv = ["--quiet", "--reference", "--steps", "2", "--data", str(data), *extra]
+        code = main(program, [*argv, "--export-embeddings", str(tmp_path / out)])
+        return code, capsys.readouterr().err
+
+    code, err = run(base, own, "base.npz")
+    assert code == 0, err
+    code, err = run(prog, renamed, "mapped.npz")
+    assert code == 0, err
+    assert_same_tables(tmp_path / "base.npz", tmp_path / "mapped.npz")
+    code, err = run(prog, own, "flag.npz", "--column-map", "brand_bought=brand_bought")
+    assert code == 0, err
+    assert_same_tables(tmp_path / "base.npz", tmp_path / "flag.npz")
+
+    code, err = run(prog, own, "bad.npz")
+    assert code == 2, err
+    assert f"{own}: error: no column `bb` for feature `brand_bought`; besides the label" in err
+    assert "brand_viewed" in err and "the spec's `column`" in err and "Traceback" not in err

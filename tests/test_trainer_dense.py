@@ -244,3 +244,99 @@ def test_exported_tables_round_trip_atomically(tmp_path, suffix):
     assert sorted(back) == ["a", "b"]
     assert all(np.array_equal(back[k], v) for k, v in tables.items())
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+def _fp16_on_the_cpu(init_scale: float = 1024.0, growth_interval: int = 3):
+    """MixedPrecision with an fp16 loss scaler on the CPU: fp16 training is refused off
+    CUDA, but the scaler and its state are device-independent (torch.amp.GradScaler('cpu')),
+    which is what a checkpoint holds."""
+    from embark_runtime.dense import MixedPrecision
+
+    mp = MixedPrecision("fp32", torch.device("cpu"))
+    mp.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
+    return mp
+
+
+def _scaled_steps(mp, model, opt, steps: int, overflow_at: int | None = None) -> None:
+    dense, embs, _ = _inputs(DOT, 4)
+    for i in range(steps):
+        opt.zero_grad()
+        mp.backward(model(dense, embs).sum())
+        if i == overflow_at:
+            next(model.parameters()).grad[0, 0] = float("inf")
+        mp.step(opt)
+
+
+def test_the_fp16_loss_scale_is_checkpointed_and_a_resumed_run_continues_with_it(tmp_path):
+    """The loss scale and its growth tracker go into the checkpoint's extra and come back
+    on resume (the checkpoint code path: save_checkpoint, load_checkpoint, the trainer's
+    dense_extra and load_dense_extra); the resumed run then scales as the uninterrupted
+    one does."""
+    from mp_harness import FeatureSpec, TableSpec, make_plan
+
+    from embark_runtime.checkpoint import load_checkpoint, save_checkpoint
+    from embark_runtime.embedding import ShardedEmbeddings
+    from embark_runtime.trainer import SCALER_PREFIX, dense_extra, load_dense_extra
+
+    plan = make_plan(
+        [TableSpec("t", 10, 4)], [FeatureSpec("f", "t")], nodes=1, gpus_per_node=1, batch_size=4
+    )
+    cfg = DenseOptimizerConfig(kind="adam", lr=0.01)
+    model = DLRMDense(DOT, seed=1)
+    opt = make_optimizer(model.parameters(), cfg)
+    mp = _fp16_on_the_cpu()
+    # 1024 -> 2048 after 3 clean steps, halved by the overflow, then 2 clean steps
+    _scaled_steps(mp, model, opt, 6, overflow_at=3)
+    assert mp.scaler.get_scale() == 1024.0 and mp.scaler._get_growth_tracker() == 2
+    extra = dense_extra(model, opt, mp)
+    assert {k for k in extra if k.startswith(SCALER_PREFIX)} == {
+        "dense_scaler.scale",
+        "dense_scaler.growth_tracker",
+    }
+    cells = ShardedEmbeddings(plan, 0, 1).cells()
+    save_checkpoint(tmp_path, 6, plan, 0, 1, cells, extra, finalize=True)
+    _, _, loaded = load_checkpoint(tmp_path, plan, 0)
+
+    model2 = DLRMDense(DOT, seed=7)
+    opt2 = make_optimizer(model2.parameters(), cfg)
+    mp2 = _fp16_on_the_cpu()
+    found = load_dense_extra(loaded, model2, opt2, mp2, "adam")
+    assert found.model and found.scaler
+    assert mp2.scaler.get_scale() == 1024.0 and mp2.scaler._get_growth_tracker() == 2
+    # one more clean step grows the scale in both runs (the tracker reached 3)
+    _scaled_steps(mp, model, opt, 1)
+    _scaled_steps(mp2, model2, opt2, 1)
+    assert mp.scaler.get_scale() == mp2.scaler.get_scale() == 2048.0
+    assert mp2.scaler._get_growth_tracker() == 0
+
+
+def test_fp32_and_bf16_checkpoints_hold_no_scale_and_older_ones_still_load(tmp_path):
+    """Without fp16 the extra is what it was (the model and its optimizer, nothing more);
+    an fp16 run resumed from such a checkpoint (or one of before the scale was saved)
+    loads the model and starts the scale afresh; a scale in the checkpoint of an fp16 run
+    is ignored by an fp32 one."""
+    from embark_runtime.dense import MixedPrecision
+    from embark_runtime.trainer import (
+        DENSE_OPT_PREFIX,
+        DENSE_PREFIX,
+        dense_extra,
+        load_dense_extra,
+    )
+
+    model = DLRMDense(DOT, seed=1)
+    opt = make_optimizer(model.parameters(), DenseOptimizerConfig(kind="sgd", lr=0.1))
+    for name in ("fp32", "bf16"):
+        extra = dense_extra(model, opt, MixedPrecision(name, torch.device("cpu")))
+        assert all(k.startswith((DENSE_PREFIX, DENSE_OPT_PREFIX)) for k in extra), sorted(extra)
+        assert set(extra) == {DENSE_PREFIX + k for k in model.state_dict()}
+    older = dense_extra(model, opt, MixedPrecision("fp32", torch.device("cpu")))
+    mp = _fp16_on_the_cpu(init_scale=512.0)
+    found = load_dense_extra(older, DLRMDense(DOT, seed=2), opt, mp, "sgd")
+    assert found.model and not found.scaler and mp.scaler.get_scale() == 512.0
+
+    fp16 = dense_extra(model, opt, _fp16_on_the_cpu(init_scale=64.0))
+    plain = MixedPrecision("fp32", torch.device("cpu"))
+    assert load_dense_extra(fp16, DLRMDense(DOT, seed=2), opt, plain, "sgd").scaler is False
+    broken = {k: v for k, v in fp16.items() if not k.endswith("growth_tracker")}
+    with pytest.raises(DenseStateError, match="no growth_tracker"):
+        load_dense_extra(broken, DLRMDense(DOT, seed=2), opt, _fp16_on_the_cpu(), "sgd")

@@ -284,6 +284,9 @@ def kernel_instantiations(plan: Plan) -> list[Instantiation]:
     * every table, for each of its cell widths (dp: the whole dim) and each feature reading
       it: the forward in the table's dtype, the plain backward, the sparse update and (dp,
       rb: the lookup and the update happen on the same rank) the fused backward + update;
+    * dp and ub tables also get the fused update of unweighted sums: the runtime applies
+      their updates (after the gradient exchange) as sums of one-id bags through it, so
+      that no update waits for the device (CudaKernels.sparse_update_padded);
     * ub tables pool at the requester from fp32 vectors received over the wire, so their
       forward and backward also run on fp32 buffers of the cell width;
     * pack (gather in the table's dtype, gather and scatter-add of fp32 buffers) per width;
@@ -315,6 +318,9 @@ def kernel_instantiations(plan: Plan) -> list[Instantiation]:
                             w, "fp32", pooling, f.weighted, bag_max, t.optimizer, fused=False
                         )
                         out.update(i for i in wire if i.family != "sparse_update")
+            if cluster.kind in ("dp", "ub"):
+                # their updates run as sums of one-id bags, the counts on the device
+                out.add(Instantiation("backward_update", w, t.dtype, "sum", optimizer=t.optimizer))
             out.add(Instantiation("pack", w, t.dtype))
             out.add(Instantiation("pack", w, "fp32"))
         if cluster.kind == "ub" or (cluster.kind == "dp" and cluster.gradient_exchange == "sparse"):

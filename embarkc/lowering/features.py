@@ -168,6 +168,18 @@ class FeatureLowering(LowererBase):
                 ok = False
             else:
                 kw["access"] = a
+        col = b.fields.get("column")
+        if col is not None:
+            tok = col.values[0]
+            assert isinstance(tok, Token)
+            kw["column"] = _unquote(str(tok))
+            if not kw["column"].strip():
+                self.error(
+                    f"feature `{name}` names an empty column",
+                    span_of(tok, col.file),
+                    'give the data\'s column name, e.g. `column "C14"`',
+                )
+                ok = False
         if not ok or table is None:
             raise _Fail
         return self.build(

@@ -96,6 +96,8 @@ def build_plan(
             "max_hotness": f.max_hotness,
             "fixed": f.fixed,
             "weighted": f.weighted,
+            # only when set: the plans of specs without column names stay as they were
+            **({"column": f.column} if f.column is not None else {}),
         }
         for f in program.features
     ]
