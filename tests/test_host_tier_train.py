@@ -243,3 +243,45 @@ def test_flat_rb_with_host_tier_cells_trains_the_reference_bit_for_bit(tmp_path)
     torchrun(host, *args, str(tmp_path / "tables.npz"))
     reference(hbm, *args, str(tmp_path / "ref.npz"))
     assert_same_tables(tmp_path / "tables.npz", tmp_path / "ref.npz", atol=0.0)
+
+
+def test_tiny_beyond_its_hbm_is_planned_into_host_memory_and_trains_the_reference(tmp_path):
+    """tiny.embark with 1 MiB of HBM a GPU (its tables need 7.8 MiB of the 4 GPUs' 4 MiB):
+    the planner puts tables in host memory behind caches it sizes, and the compiled
+    program trains on 4 processes to the reference's tables bit for bit, through a rank
+    killed at step 17 and the restart from step 15's checkpoint."""
+    spec = tmp_path / "tiny_small_hbm.embark"
+    text = _host_spec(TINY.read_text())
+    assert text.count("  hbm 4 MiB\n") == 1
+    spec.write_text(text.replace("  hbm 4 MiB\n", "  hbm 1 MiB\n"))
+    out = compile_spec(spec, tmp_path / "out")
+    plan = json.loads((out / "plan.json").read_text())
+    host = [s for s in plan["shards"] if s.get("tier") == "host"]
+    assert host and all(0 < s.get("cache_rows", 0) for s in host)
+    assert plan["topology"]["host_memory_bytes"] == 64 << 20
+    assert plan["estimate"]["host_tier"]["cells"] == len(host)
+    ckpt = tmp_path / "ckpt"
+    r = torchrun(
+        out,
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "0", "--log-json"),
+        *(str(tmp_path / "log.jsonl"), "--export-embeddings", str(tmp_path / "tables.npz")),
+        *("--checkpoint-dir", str(ckpt), "--checkpoint-every", "5", "--resume"),
+        restarts=1,
+        EMBARK_FAULT_AT_STEP="17",
+    )
+    assert re.search(r"resumed from .*step-15 at step 15", r.stdout), r.stdout
+    assert (ckpt / ".fault-injected").exists()
+    reference(
+        out,
+        *("--exact", "--steps", str(STEPS), "--eval-batches", "0"),
+        *("--export-embeddings", str(tmp_path / "ref.npz")),
+    )
+    assert_same_tables(tmp_path / "tables.npz", tmp_path / "ref.npz", atol=0.0)
+    # the caches warm up from cold (at the start, and again after the restart) towards
+    # the hit rate the planner expects of them (LRU, Che's approximation)
+    records = _records(tmp_path / "log.jsonl")
+    rates = [rec["cache"]["rb0"]["hit_rate"] for rec in records]
+    assert len(rates) == 17 + 5 and rates[0] < rates[8] < rates[16] and rates[17] == 0.0
+    tables = plan["estimate"]["host_tier"]["tables"]
+    expected = 1 - sum(t["misses"] for t in tables) / sum(t["lookups"] for t in tables)
+    assert rates[16] == pytest.approx(expected, abs=0.05), (rates, expected)

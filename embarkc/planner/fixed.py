@@ -105,4 +105,10 @@ def fixed_plan(
     if layout is None:
         layout = bl.build_layout(cm, name, meter)
     info = {"strategy": name, "solver": "none", "status": "baseline", "seed": 0}
-    return layout, build_plan(program, layout, info, cm.evaluate_layout(layout, meter))
+    written = layout
+    if cm.tiers:
+        from embarkc.planner.tiers import materialize
+
+        # the host tables' caches on their cells, as the search's plan will write them
+        written = materialize(cm, layout)
+    return layout, build_plan(program, written, info, cm.evaluate_layout(written, meter))

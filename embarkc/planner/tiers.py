@@ -63,6 +63,11 @@ FILLS = (0.9, 0.75, 0.6, 0.45, 0.3)
 while the search finds no placement (the rest is room for buffers and packing)."""
 
 
+HOST_FILL = 0.9
+"""Share of the cluster's host memory `choose_tiers` fills with tables (the rest is room
+for the placement's imbalance between nodes)."""
+
+
 def host_tier_available(program: Program) -> bool:
     return program.topology.host_memory is not None
 
@@ -142,9 +147,16 @@ def choose_tiers(cm: CostModel, fill: float) -> dict[str, float]:
             heapq.heappush(heap, (_price(h, 0), cm.facts[n].index, n, 0))
     chosen: dict[str, float] = {}
     freed = 0.0
+    # a table in host memory keeps all its rows there: the tables chosen fit in the
+    # cluster's host memory (each node's share is the placement's, `host_memory_problem`)
+    host_left = float(cm.program.topology.host_memory or 0) * cm.nodes * HOST_FILL
     while heap and freed < short:
         _, _, n, i = heapq.heappop(heap)
         h = hulls[n]
+        if n not in chosen:
+            if table_bytes(cm, n) > host_left:
+                continue
+            host_left -= table_bytes(cm, n)
         freed += h[i + 1][1] - h[i][1]
         chosen[n] = h[i + 1][0]
         if i + 2 < len(h):
