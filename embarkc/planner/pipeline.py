@@ -10,6 +10,10 @@
     build       layout + the search's record -> plan file (build.py)
     checker     the independent checker's last word on a search's plan (check.py)
 
+Tables that fit in HBM in no plan, on hardware with host memory, go through
+`tiered_plan`: tiers chosen (tiers.py), the stages above on a cost model that knows
+them, each host cell's cache written on its placement and grown into the free HBM.
+
 A fixed strategy (`--strategy table-wise`, ...) is built, recorded with the constraints
 it ignores, and written without a search. The time limit is shared by one `PlanBudget`
 created here and passed to the stages that spend it (budget.py).
