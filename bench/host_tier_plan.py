@@ -113,7 +113,9 @@ def main() -> None:
         cpu = statistics.median(t[1] for t in ts)
         print(f"{label:>16}  {wall:7.2f}  {cpu:7.2f}")
     base = statistics.median(t[1] for t in times["in HBM (80 GiB)"])
-    print(f"host tier / in HBM, CPU: {statistics.median(t[1] for t in times['host tier']) / base:.2f}x")
+    print(
+        f"host tier / in HBM, CPU: {statistics.median(t[1] for t in times['host tier']) / base:.2f}x"
+    )
 
 
 if __name__ == "__main__":
