@@ -307,15 +307,21 @@ def tiered_plan(
     from embarkc.planner.bound import lower_bound
 
     refused: NoFit | None = None
+    spent = 0.0  # the work of the tries that found no placement: they share the limit
     for fill in tiers.FILLS:
         chosen = tiers.choose_tiers(cm, fill)
         if not chosen:
             continue
         tcm = CostModel(program, chosen)
+        left = req.time_limit - spent
+        budget = PlanBudget.of(left, CommandSize.of(tcm.facts), tcm.W)
+        if budget.greedy_work() <= 0 and refused is not None:
+            break
         try:
-            layout, record, budget = search_layout(tcm, req, progress, record_baselines)
+            layout, record, budget = search_layout(tcm, req, progress, record_baselines, budget)
         except NoFit as e:
             refused = e
+            spent += budget.meter.seconds() + budget.meter.placing_seconds()
             continue
         layout = tiers.materialize(tcm, layout)
         searched = cm.step_time(layout)
@@ -341,11 +347,14 @@ def search_layout(
     req: PlanRequest,
     progress: Progress | None,
     record_baselines: bool,
+    budget: PlanBudget | None = None,
 ) -> tuple[Layout, SearchRecord, PlanBudget]:
     """The stages from the fixed strategies to the fallback on `cm`: the layout, the
-    record of how it was found and the budget the stages spent."""
+    record of how it was found and the budget the stages spent (`budget`: the request's
+    limit, unless given)."""
     program = cm.program
-    budget = PlanBudget.of(req.time_limit, CommandSize.of(cm.facts), cm.W)
+    if budget is None:
+        budget = PlanBudget.of(req.time_limit, CommandSize.of(cm.facts), cm.W)
     record = SearchRecord(req.strategy, req.seed)
     offer = fixed_offer(program, cm, budget)
     if record_baselines:

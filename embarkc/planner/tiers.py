@@ -68,6 +68,14 @@ HOST_FILL = 0.9
 for the placement's imbalance between nodes)."""
 
 
+MAX_CANDIDATES = 512
+"""The largest tables `choose_tiers` costs for host memory, at most."""
+
+CANDIDATE_COVER = 4.0
+"""`choose_tiers` costs the largest tables until they hold this many times the bytes HBM
+is short of (and at least 8), so that the cheapest per byte freed are among them."""
+
+
 def host_tier_available(program: Program) -> bool:
     return program.topology.host_memory is not None
 
@@ -136,13 +144,26 @@ def choose_tiers(cm: CostModel, fill: float) -> dict[str, float]:
     if short <= 0:
         return {}
     movable = [n for u in units_of(cm) if set(u.kinds) & {"rb", "ub"} for n in u.tables]
-    # the biggest first: a table of a thousandth of the shortfall changes nothing
+    # the biggest first, as many as hold several times the shortfall: a table of a
+    # thousandth of it changes nothing, and the costing stays bounded on huge programs
     movable.sort(key=lambda n: (-table_bytes(cm, n), cm.facts[n].index))
-    movable = [n for n in movable if table_bytes(cm, n) >= short * 1e-4]
+    candidates: list[str] = []
+    held = 0.0
+    for n in movable:
+        if len(candidates) >= MAX_CANDIDATES or table_bytes(cm, n) < short * 1e-4:
+            break
+        if held >= CANDIDATE_COVER * short and len(candidates) >= 8:
+            break
+        candidates.append(n)
+        held += table_bytes(cm, n)
     heap: list[tuple[float, int, str, int]] = []
     hulls: dict[str, list[tuple[float, float, float]]] = {}
-    for n in movable:
-        hulls[n] = h = _hull(_options(cm, n))
+    by_signature: dict[int, list[tuple[float, float, float]]] = {}
+    for n in candidates:
+        sig = cm.facts[n].signature_id
+        if sig not in by_signature:
+            by_signature[sig] = _hull(_options(cm, n))
+        hulls[n] = h = by_signature[sig]
         if len(h) > 1:
             heapq.heappush(heap, (_price(h, 0), cm.facts[n].index, n, 0))
     chosen: dict[str, float] = {}
