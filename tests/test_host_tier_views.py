@@ -103,3 +103,93 @@ def test_an_hbm_plan_prints_no_host_tier(tmp_path, capsys):
 def test_a_plan_round_trip_keeps_its_tiers(host_plan):
     _, path = host_plan
     assert dumps_plan(load_plan(path)) == path.read_text()
+
+
+def _edit(path: Path, out: Path, edit) -> Path:
+    data = json.loads(path.read_text())
+    for s in data["shards"]:
+        edit(s)
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_migration_counts_a_tier_change_on_its_rank_as_host_hbm_bytes(host_plan, tmp_path):
+    from embark_runtime.keys import shard_row_count
+    from embarkc.migration import migration_cost
+
+    _, path = host_plan
+    a = load_plan(path)
+    cell = next(s for s in a.shards if s.tier != "host" and s.table != "country")
+    t = a.table(cell.table)
+
+    def to_host(s):
+        if (s["table"], s["rank"], s["columns"]) == (cell.table, cell.rank, list(cell.columns)):
+            s["tier"], s["cache_rows"] = "host", 3
+
+    b = load_plan(_edit(path, tmp_path / "b.json", to_host))
+    rows = shard_row_count(t.rows, cell.row_shard, cell.row_shards, a.row_partition)
+    whole = t.bytes_for(rows, cell.width)
+    m = migration_cost(a, b)
+    assert m.total_bytes == 0  # nothing changes rank
+    assert m.host_hbm is not None
+    assert (m.host_hbm.to_host_bytes, m.host_hbm.to_hbm_bytes) == (whole, 0)
+    assert [x.table for x in m.host_hbm.by_table] == [cell.table]
+    back = migration_cost(b, a).host_hbm
+    assert back is not None and (back.to_hbm_bytes, back.to_host_bytes) == (whole, 0)
+
+
+def test_a_cache_size_change_moves_no_bytes(host_plan, tmp_path):
+    from embarkc.migration import migration_cost
+
+    _, path = host_plan
+
+    def smaller(s):
+        if s.get("tier") == "host":
+            s["cache_rows"] = 1
+
+    m = migration_cost(load_plan(path), load_plan(_edit(path, tmp_path / "b.json", smaller)))
+    assert m.total_bytes == 0 and m.host_hbm is not None and m.host_hbm.total_bytes == 0
+
+
+def test_an_all_hbm_diff_has_no_host_hbm_entry(tmp_path):
+    from embarkc.migration import migration_cost
+
+    plan = tmp_path / "plan.json"
+    assert embarkc(["plan", str(TINY), "--solver", "greedy", "-o", str(plan), "-q"]) == 0
+    p = load_plan(plan)
+    assert migration_cost(p, p).host_hbm is None
+
+
+def test_diff_shows_host_hbm_bytes_and_the_cache_change(host_plan, tmp_path, capsys):
+    _, path = host_plan
+    a = load_plan(path)
+    cell = next(s for s in a.shards if s.tier != "host" and s.table != "country")
+    cached = next(s for s in a.shards if s.tier == "host")
+
+    def edit(s):
+        if (s["table"], s["rank"], s["columns"]) == (cell.table, cell.rank, list(cell.columns)):
+            s["tier"], s["cache_rows"] = "host", 3
+        if (s["table"], s["rank"], s["columns"]) == (
+            cached.table,
+            cached.rank,
+            list(cached.columns),
+        ):
+            s["cache_rows"] = 1
+
+    b = _edit(path, tmp_path / "b.json", edit)
+    capsys.readouterr()
+    embarkc(["diff", str(path), str(b), "--format", "md"])
+    md = capsys.readouterr().out
+    assert "host <-> HBM bytes copied on their ranks" in md and f"`{cell.table}`" in md
+    assert "host <-> HBM" in md.splitlines()[0]  # the verdict says it
+    embarkc(["diff", str(path), str(b), "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    host = data["migration"]["host_hbm"]
+    assert host["to_host_bytes"] > 0 and host["total_bytes"] == host["to_host_bytes"]
+    changed = {c["table"]: c for c in data["tables_changed"]}
+    assert "host 1/" in changed[cell.table]["grid_b"]
+    assert (
+        "1-" in changed[cached.table]["grid_b"] or "cache 1 rows" in changed[cached.table]["grid_b"]
+    )
+    embarkc(["diff", str(path), str(b)])
+    assert "host <-> HBM bytes" in capsys.readouterr().out
