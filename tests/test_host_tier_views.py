@@ -193,3 +193,36 @@ def test_diff_shows_host_hbm_bytes_and_the_cache_change(host_plan, tmp_path, cap
     )
     embarkc(["diff", str(path), str(b)])
     assert "host <-> HBM bytes" in capsys.readouterr().out
+
+
+def test_report_draws_the_host_tier(host_plan, tmp_path):
+    from embarkc import report
+
+    _, path = host_plan
+    plan = load_plan(path)
+    d = report.report_data(plan)
+    host = {s.table for s in plan.shards if s.tier == "host"}
+    assert {t.table for t in d.tiers} == host
+    expected = {t["table"]: t for t in plan.estimate.model_extra["host_tier"]["tables"]}
+    for t in d.tiers:
+        e = expected[t.table]
+        assert (t.host_cells, t.rows, t.cache_rows) == (e["cells"], e["rows"], e["cache_rows"])
+        assert t.host_bytes == e["host_bytes"] and t.hit_rate == e["hit_rate"]
+        assert 0 < t.cache_share < 1
+    assert d.node_host_bytes == plan.estimate.model_extra["host_tier"]["node_host_bytes"]
+    assert any(k == "host tier" for k, _ in d.facts)
+    html = report.render_html(d)
+    assert "<h2>Host tier</h2>" in html and 'id="fig-host"' in html
+    assert "expected hit rate" in html
+    report.render_image(d, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_an_all_hbm_report_has_no_host_tier(tmp_path):
+    from embarkc import report
+
+    plan = tmp_path / "plan.json"
+    assert embarkc(["plan", str(TINY), "--solver", "greedy", "-o", str(plan), "-q"]) == 0
+    d = report.report_data(load_plan(plan))
+    assert d.tiers == [] and d.node_host_bytes == []
+    assert "Host tier" not in report.render_html(d)
