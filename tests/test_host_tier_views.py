@@ -226,3 +226,26 @@ def test_an_all_hbm_report_has_no_host_tier(tmp_path):
     d = report.report_data(load_plan(plan))
     assert d.tiers == [] and d.node_host_bytes == []
     assert "Host tier" not in report.render_html(d)
+
+
+def test_ub_host_cells_see_the_same_rows_flat_or_hierarchical():
+    """A ub owner admits the union of its requests: the lookups are the row shard's
+    distinct rows whatever the communication, and a cache of the whole cell misses each
+    row once (its first read)."""
+    from test_simulate import make_hub_plan
+
+    from embark_runtime.plan import Plan
+
+    counted = {}
+    for communication in ("flat", "hierarchical"):
+        hbm = make_hub_plan(communication)
+        d = hbm.model_dump()
+        for s in d["shards"]:
+            if s["table"] == "c":
+                s["tier"], s["cache_rows"] = "host", hbm.row_count("c", s["row_shard"], 3)
+        plan = Plan.model_validate(d)
+        counted[communication] = simulate(plan, batches=4, seed=2).host_tier["c"]
+    flat, hier = counted["flat"], counted["hierarchical"]
+    assert flat.lookups == hier.lookups > 0
+    assert flat.as_dict() == hier.as_dict()  # a cache of every row: no eviction, same misses
+    assert flat.evictions == 0 and flat.host_reads == 0 and flat.hits > 0
