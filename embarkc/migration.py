@@ -25,6 +25,17 @@ loop over every (table, row, column) element):
   row under A. It is sent by an A holder of the row on the destination's node if there is
   one, else by the holder of the row's first column cell.
 * A sharded element has exactly one owner rank under A, which sends it.
+
+Host tier (docs/host_tier.md, "Diff"): an element that stays on its rank but changes
+tier, in HBM under one plan and in a host-tier cell under the other, is copied between
+that rank's HBM and its node's host memory: `host_hbm` counts it apart (`to_hbm`,
+`to_host`), weights and element-wise state with the element, row-wise state once per
+(rank, row shard of B, row shard of A) whose tiers differ. A host-tier cell's whole rows
+count, never its cache: the checkpoint holds the host copy (caches are flushed into it)
+and loading invalidates the caches, which refill from host in the first steps. So a
+change of cache size alone moves nothing, and an element that changes rank is counted
+between ranks only (the sender reads it from its tier, the receiver writes it into its
+own). `host_hbm` is None when neither plan has a host-tier cell.
 """
 
 from __future__ import annotations
@@ -71,6 +82,27 @@ class RankFlow(_Frozen):
     received: int
 
 
+class TableHostMove(_Frozen):
+    """Bytes of one table copied between its ranks' HBM and host memory."""
+
+    table: str
+    to_hbm_bytes: int
+    to_host_bytes: int
+
+
+class HostMoves(_Frozen):
+    """Bytes copied between a rank's HBM and its host memory (tier changes in place)."""
+
+    to_hbm_bytes: int
+    to_host_bytes: int
+    by_table: tuple[TableHostMove, ...]
+    """largest first"""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.to_hbm_bytes + self.to_host_bytes
+
+
 class Migration(_Frozen):
     """Totals and breakdowns; every list is sorted deterministically (largest first)."""
 
@@ -85,6 +117,8 @@ class Migration(_Frozen):
     """Tables of B that start from their initialiser (not in A)."""
     fresh_state_tables: tuple[str, ...]
     """Tables in both plans whose optimizer changed: B's optimizer state starts fresh."""
+    host_hbm: HostMoves | None = None
+    """Host tier: tier changes on the same rank (None: neither plan has host-tier cells)."""
 
     @property
     def total_bytes(self) -> int:
@@ -98,6 +132,8 @@ class _Cell:
     lo: int
     hi: int
     rank: int
+    host: bool = False
+    """a host-tier cell"""
 
 
 def _cells(plan: Plan, table: PlanTable) -> tuple[bool, list[_Cell]]:
@@ -105,7 +141,7 @@ def _cells(plan: Plan, table: PlanTable) -> tuple[bool, list[_Cell]]:
     if plan.cluster_of(table.name).kind == "dp":
         return True, [_Cell(0, 1, 0, table.dim, r) for r in range(plan.world_size)]
     cells = [
-        _Cell(s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank)
+        _Cell(s.row_shard, s.row_shards, s.columns[0], s.columns[1], s.rank, s.on_host)
         for s in plan.shards_of(table.name)
     ]
     return False, cells
@@ -172,6 +208,54 @@ def row_overlap(
     ).T.copy()
 
 
+@dataclass(frozen=True)
+class _Pair:
+    """A table of both plans: its cells in each, the rows their row shards share, and the
+    bytes an element and a row carry from A's checkpoint."""
+
+    ta: PlanTable
+    tb: PlanTable
+    a_dp: bool
+    a_cells: list[_Cell]
+    b_cells: list[_Cell]
+    overlap: np.ndarray
+    """rows in row shard i of A and j of B (`row_overlap`)"""
+    dim: int
+    """columns that exist in both"""
+    carry_state: bool
+    elem_w: int
+    elem_s: int
+    row_s: int
+
+
+def _common_tables(a: Plan, b: Plan):
+    """A `_Pair` for every table of B that A has, in B's order."""
+    a_tables = {t.name: t for t in a.tables}
+    for tb in b.tables:
+        ta = a_tables.get(tb.name)
+        if ta is None:
+            continue
+        carry_state = ta.optimizer == tb.optimizer
+        opt = optimizer(ta.optimizer)
+        a_dp, a_cells = _cells(a, ta)
+        _, b_cells = _cells(b, tb)
+        ra, rb = a_cells[0].row_shards, b_cells[0].row_shards
+        n = min(ta.rows, tb.rows)
+        yield _Pair(
+            ta=ta,
+            tb=tb,
+            a_dp=a_dp,
+            a_cells=a_cells,
+            b_cells=b_cells,
+            overlap=row_overlap(n, a.row_partition, ta.rows, ra, b.row_partition, tb.rows, rb),
+            dim=min(ta.dim, tb.dim),
+            carry_state=carry_state,
+            elem_w=DTYPE_BYTES[ta.dtype],
+            elem_s=opt.per_element * STATE_ELEMENT_BYTES if carry_state else 0,
+            row_s=opt.per_row * STATE_ELEMENT_BYTES if carry_state else 0,
+        )
+
+
 def migration_cost(a: Plan, b: Plan) -> Migration:
     """Bytes of weights and optimizer state that move between ranks from A's checkpoint to B.
 
@@ -183,24 +267,13 @@ def migration_cost(a: Plan, b: Plan) -> Migration:
     by_table: list[TableFlow] = []
     fresh_state: list[str] = []
 
-    for tb in b.tables:
-        ta = a_tables.get(tb.name)
-        if ta is None:
-            continue
-        carry_state = ta.optimizer == tb.optimizer
-        if not carry_state:
+    for pair in _common_tables(a, b):
+        tb, overlap, dim = pair.tb, pair.overlap, pair.dim
+        a_cells, b_cells = pair.a_cells, pair.b_cells
+        elem_w, elem_s, row_s = pair.elem_w, pair.elem_s, pair.row_s
+        if not pair.carry_state:
             fresh_state.append(tb.name)
-        elem_w = DTYPE_BYTES[ta.dtype]
-        opt = optimizer(ta.optimizer)
-        elem_s = opt.per_element * STATE_ELEMENT_BYTES if carry_state else 0
-        row_s = opt.per_row * STATE_ELEMENT_BYTES if carry_state else 0
-        a_dp, a_cells = _cells(a, ta)
-        _, b_cells = _cells(b, tb)
-        n = min(ta.rows, tb.rows)
-        dim = min(ta.dim, tb.dim)
-        ra, rb = a_cells[0].row_shards, b_cells[0].row_shards
-        overlap = row_overlap(n, a.row_partition, ta.rows, ra, b.row_partition, tb.rows, rb)
-        if a_dp:
+        if pair.a_dp:
             weight = state = 0
             new_shards: set[tuple[int, int]] = set()
             for cb in b_cells:
@@ -291,4 +364,45 @@ def migration_cost(a: Plan, b: Plan) -> Migration:
         ),
         fresh_tables=tuple(t.name for t in b.tables if t.name not in a_tables),
         fresh_state_tables=tuple(fresh_state),
+        host_hbm=host_moves(a, b),
+    )
+
+
+def host_moves(a: Plan, b: Plan) -> HostMoves | None:
+    """Bytes copied between a rank's HBM and host memory from A's checkpoint to B (the
+    module docstring's host-tier rule); None when neither plan has a host-tier cell."""
+    if not any(s.on_host for s in a.shards) and not any(s.on_host for s in b.shards):
+        return None
+    rows_out: list[TableHostMove] = []
+    for pair in _common_tables(a, b):
+        tb, overlap, dim, row_s = pair.tb, pair.overlap, pair.dim, pair.row_s
+        a_cells, b_cells = pair.a_cells, pair.b_cells
+        elem = pair.elem_w + pair.elem_s
+        a_on: dict[int, list[_Cell]] = defaultdict(list)
+        for c in a_cells:
+            a_on[c.rank].append(c)
+        moved = {True: 0, False: 0}  # by B's side: into host (True) or into HBM
+        row_pairs: set[tuple[int, int, int]] = set()
+        for cb in b_cells:
+            for ca in a_on.get(cb.rank, []):
+                if ca.host == cb.host:
+                    continue
+                rows = int(overlap[ca.row_shard, cb.row_shard])
+                cols = min(ca.hi, cb.hi, dim) - max(ca.lo, cb.lo)
+                if rows <= 0 or cols <= 0:
+                    continue
+                moved[cb.host] += rows * cols * elem
+                if row_s and (cb.rank, cb.row_shard, ca.row_shard) not in row_pairs:
+                    row_pairs.add((cb.rank, cb.row_shard, ca.row_shard))
+                    moved[cb.host] += rows * row_s
+        if moved[True] or moved[False]:
+            rows_out.append(
+                TableHostMove(table=tb.name, to_hbm_bytes=moved[False], to_host_bytes=moved[True])
+            )
+    return HostMoves(
+        to_hbm_bytes=sum(t.to_hbm_bytes for t in rows_out),
+        to_host_bytes=sum(t.to_host_bytes for t in rows_out),
+        by_table=tuple(
+            sorted(rows_out, key=lambda t: (-(t.to_hbm_bytes + t.to_host_bytes), t.table))
+        ),
     )

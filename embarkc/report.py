@@ -57,6 +57,28 @@ class ClusterRow:
 
 
 @dataclass
+class TierRow:
+    """One table with host-tier cells: where its cells live and what its caches hold."""
+
+    table: str
+    host_cells: int
+    cells: int
+    rows: int
+    """rows of its host-tier cells, summed over them (a row of two column cells twice)"""
+    cache_rows: int
+    hbm_bytes: int
+    """what its host-tier cells hold in HBM: their caches with their optimizer state"""
+    host_bytes: int
+    hit_rate: float | None
+    """the estimate's expected hit rate (steady state); None without `estimate.host_tier`"""
+    ranks: tuple[int, ...]
+
+    @property
+    def cache_share(self) -> float:
+        return self.cache_rows / self.rows if self.rows else 0.0
+
+
+@dataclass
 class ReportData:
     """Everything the page shows, computed once."""
 
@@ -74,6 +96,40 @@ class ReportData:
     baselines: list[tuple[str, float]]
     """(label, step time), the plan's own first."""
     facts: list[tuple[str, str]] = field(default_factory=list)
+    tiers: list[TierRow] = field(default_factory=list)
+    """tables with host-tier cells, in plan order (empty: every cell in HBM)"""
+    node_host_bytes: list[int] = field(default_factory=list)
+    """host memory the host-tier cells take on each node (empty without them)"""
+
+
+def tier_rows(plan: Plan) -> list[TierRow]:
+    """The tables of `plan` with host-tier cells, counted from its shards; the expected
+    hit rate from its estimate (`estimate.host_tier`) when it has one."""
+    expected = {
+        t["table"]: t.get("hit_rate")
+        for t in (_extra(plan.estimate, "host_tier") or {}).get("tables", [])
+    }
+    out = []
+    for t in plan.tables:
+        cells = plan.shards_of(t.name)
+        host = [c for c in cells if c.on_host]
+        if not host:
+            continue
+        rows = [plan.row_count(c.table, c.row_shard, c.row_shards) for c in host]
+        out.append(
+            TierRow(
+                table=t.name,
+                host_cells=len(host),
+                cells=len(cells),
+                rows=sum(rows),
+                cache_rows=sum(plan.cell_hbm_rows(c) for c in host),
+                hbm_bytes=sum(t.bytes_for(plan.cell_hbm_rows(c), c.width) for c in host),
+                host_bytes=sum(t.bytes_for(r, c.width) for r, c in zip(rows, host, strict=True)),
+                hit_rate=expected.get(t.name),
+                ranks=tuple(sorted({c.rank for c in host})),
+            )
+        )
+    return out
 
 
 def _extra(model: Any, key: str) -> Any:
@@ -238,6 +294,22 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
         ),
         ("costs from", _source_text(view)),
     ]
+    tiers = tier_rows(plan)
+    node_host: list[int] = []
+    if tiers:
+        node_host = [0] * topo.nodes
+        for rank, b in enumerate(plan.host_memory_by_rank()):
+            node_host[rank // topo.gpus_per_node] += b
+        cap = topo.host_memory_bytes
+        facts.append(
+            (
+                "host tier",
+                f"{sum(t.host_cells for t in tiers)} cells of {len(tiers)} tables in host "
+                f"memory behind HBM caches of {fmt_bytes(sum(t.hbm_bytes for t in tiers))}; "
+                f"the fullest node holds {fmt_bytes(max(node_host))}"
+                + (f" of its {fmt_bytes(cap)}" if cap else ""),
+            )
+        )
     message = _extra(planner, "message")
     if message:
         facts.append(("planner says", str(message)))
@@ -254,6 +326,8 @@ def report_data(plan: Plan, program: Program | None = None, label: str = "") -> 
         memory_parts=parts,
         baselines=baselines,
         facts=facts,
+        tiers=tiers,
+        node_host_bytes=node_host,
     )
 
 
@@ -336,6 +410,32 @@ def plot_memory(ax: Any, d: ReportData) -> None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
+def plot_host(ax: Any, d: ReportData) -> None:
+    """Host memory per node against `host_memory`, by table (host-tier plans only)."""
+    g = d.plan.topology.gpus_per_node
+    nodes = np.arange(len(d.node_host_bytes))
+    mib = float(1 << 20)
+    bottom = np.zeros(len(nodes))
+    colours = list(COMPONENT_COLOURS.values())
+    for i, t in enumerate(d.tiers):
+        per_node = np.zeros(len(nodes))
+        table = d.plan.table(t.table)
+        for c in d.plan.shards_of(t.table):
+            if c.on_host:
+                rows = d.plan.row_count(c.table, c.row_shard, c.row_shards)
+                per_node[c.rank // g] += table.bytes_for(rows, c.width) / mib
+        ax.bar(nodes, per_node, bottom=bottom, color=colours[i % len(colours)], label=t.table)
+        bottom += per_node
+    cap = d.plan.topology.host_memory_bytes
+    if cap:
+        ax.axhline(cap / mib, color="#c44e52", lw=1.2, label="host_memory")
+    ax.set_xticks(nodes)
+    ax.set_xlabel("node")
+    ax.set_ylabel("MiB")
+    ax.set_title("Host memory per node (host-tier cells with their optimizer state)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
 def plot_heat(ax: Any, d: ReportData, fig: Any) -> None:
     if d.heat.size == 0:
         ax.set_axis_off()
@@ -407,6 +507,10 @@ def figures(d: ReportData) -> dict[str, Any]:
     )
     plot_heat(ax, d, fig)
     out["heat"] = fig
+    if d.tiers:
+        fig, ax = plt.subplots(figsize=(7, 3.0), layout="constrained")
+        plot_host(ax, d)
+        out["host"] = fig
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(d.baselines) + 1.3), layout="constrained")
     plot_baselines(ax, d)
     out["baselines"] = fig
@@ -461,12 +565,15 @@ def render_image(d: ReportData, path: Path) -> None:
     w = _rank_width(d.plan.world_size)
     heat_h = max(2.5, 0.16 * len(d.heat_rows) + 1.2)
     base_h = 0.35 * len(d.baselines) + 1.3
-    fig = plt.figure(figsize=(w, 3.4 + 3.0 + heat_h + base_h + 1.4), layout="constrained")
-    grid = fig.add_gridspec(4, 1, height_ratios=[3.4, 3.0, heat_h, base_h])
+    heights = [3.4, 3.0, heat_h] + ([3.0] if d.tiers else []) + [base_h]
+    fig = plt.figure(figsize=(w, sum(heights) + 1.4), layout="constrained")
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
     plot_time(fig.add_subplot(grid[0]), d)
     plot_memory(fig.add_subplot(grid[1]), d)
     plot_heat(fig.add_subplot(grid[2]), d, fig)
-    plot_baselines(fig.add_subplot(grid[3]), d)
+    if d.tiers:
+        plot_host(fig.add_subplot(grid[3]), d)
+    plot_baselines(fig.add_subplot(grid[len(heights) - 1]), d)
     v = d.view
     fig.suptitle(
         f"{d.label}\n{fmt_time(v.step_time)} per step, peak {fmt_bytes(v.peak_memory)} of "

@@ -47,6 +47,14 @@ per row read, G = max(4w, 64) per gradient access, T = 2 * (weights + state of a
 The ids a rank "looks up" are the n (rb) or U (ub) it serves and its local dp ids; its
 distinct rows are the D of its cells (every row of a dense-exchange dp table).
 
+HOST-TIER CELLS (docs/host_tier.md, "Simulate"): each host-tier cell's cache is replayed
+from cold over the consecutive sampled steps with the runtime's policy
+(`embarkc.cache_replay`), fed the distinct local rows its owner admits. Its host link
+carries, per step, `in` = fetches x P + host_reads x (P + row weights) and `out` =
+write-backs x P + host_reads x P (P = a row's weights and optimizer state at the cell's
+width); the busier direction over the topology's `host_bandwidth` adds to the owner's
+lookup, and in + out to its HBM bytes, as the cost model charges its expected misses.
+
 THE CONVERSION TO TIME (`step_time_of`)
 ======================================
 Links are full duplex with the topology's per-direction bandwidth, and the phases of a
@@ -59,6 +67,7 @@ and `call` = COLLECTIVE_LATENCY (+ INTER_NODE_LATENCY on more than one node):
     lookup       hbm_bytes / (hbm_bandwidth * HBM_EFFICIENCY)
                  + (3 * (a2a + [any dp]) + 2 * [ub clusters] + 3 * hub)
                    * KERNEL_LAUNCH_SECONDS
+                 + max(host in, host out) / host_bandwidth   (host-tier cells)
     distributor  max(0, t_intra + t_inter of the key phase - window) + (a2a + hub) * call
     nvlink       t_intra of the forward phase + t_intra of the backward phase
     network      t_inter of the forward phase + t_inter of the backward phase
@@ -88,9 +97,10 @@ import numpy as np
 
 from embark_runtime.dtypes import DTYPE_BYTES
 from embark_runtime.formatting import format_bytes
-from embark_runtime.keys import row_shard_of
+from embark_runtime.keys import local_row, row_shard_of
 from embark_runtime.plan import Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
+from embarkc.cache_replay import LruReplay, ReplayStats
 from embarkc.dense import DenseShape, prefetch_window
 from embarkc.planner import constants as K
 
@@ -133,6 +143,11 @@ class RankCounts:
     memory_bytes: int = 0
     components: dict[str, float] = field(default_factory=dict)
     """Seconds per component (`step_time_of`)."""
+    host_in: float = 0.0
+    """Host tier: bytes over the rank's host link into HBM (fetches, rows read from host)."""
+    host_out: float = 0.0
+    """Host tier: bytes over the rank's host link back to host (write-backs, updates of
+    rows read from host)."""
 
     @property
     def time(self) -> float:
@@ -156,6 +171,9 @@ class SimResult:
     """Components of the critical rank, seconds."""
     dense_allreduce_time: float = 0.0
     """The dense model's gradient all-reduce (the same for every plan; not in step_time)."""
+    host_tier: dict[str, ReplayStats] = field(default_factory=dict)
+    """Host tier: per table with host-tier cells, its caches' counters summed over its
+    host-tier cells and over the steps, from cold caches (`embarkc.cache_replay`)."""
 
     @property
     def critical_path(self) -> float:
@@ -431,6 +449,13 @@ class _Acc:
     ids: np.ndarray
     distinct: np.ndarray
     hbm: np.ndarray
+    host_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    host_out: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cache: dict[str, ReplayStats] = field(default_factory=dict)
+    """per table with host-tier cells: this step's counters, summed over those cells"""
+    replayed: dict[tuple, ReplayStats] = field(default_factory=dict)
+    """this step's counters of each replayed cache (cells of one row shard and cache size
+    see the same rows: one replay serves them all)"""
 
 
 class _StepCounter:
@@ -453,25 +478,29 @@ class _StepCounter:
         self.cells: dict[str, list] = {t.name: [] for t in plan.tables}
         for s in plan.shards:
             self.cells[s.table].append(s)
+        self.replays: dict[tuple, LruReplay] = {}
+        """the caches of the host-tier cells, from cold, kept across steps"""
 
     def count(self, source: _Source) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
         """Flows, and per-rank ids looked up, distinct rows updated and HBM bytes."""
         acc = self.start()
         for t in self.plan.tables:
             self.count_table(acc, t, source)
-        return self.finish(acc)
+        acc = self.finish(acc)
+        return acc.flows, acc.ids, acc.distinct, acc.hbm
 
     def start(self) -> _Acc:
         w_ = self.world
-        return _Acc(_Flows(w_, self.g), np.zeros(w_), np.zeros(w_), np.zeros(w_))
+        z = np.zeros
+        return _Acc(_Flows(w_, self.g), z(w_), z(w_), z(w_), z(w_), z(w_))
 
-    def finish(self, acc: _Acc) -> tuple[_Flows, np.ndarray, np.ndarray, np.ndarray]:
-        """Add the dense model's all-reduce; the step's flows and per-rank counts."""
+    def finish(self, acc: _Acc) -> _Acc:
+        """Add the dense model's all-reduce: the step's flows and per-rank counts."""
         w_ = self.world
         params = dense_parameters(self.plan)
         if params and w_ > 1:
             acc.flows.add(DENSE_CLUSTER, "dense", *hierarchical_allreduce_flows(params, w_, self.g))
-        return acc.flows, acc.ids, acc.distinct, acc.hbm
+        return acc
 
     def count_table(self, acc: _Acc, t: PlanTable, source: _Source) -> None:
         """Add one table's traffic and work to `acc`."""
@@ -603,6 +632,8 @@ class _StepCounter:
             distinct[o] += d_rows
         if kind == "ub":
             hbm += 2.0 * b * f_t * 4 * t.dim
+        if any(s.on_host for s in cells):
+            self.count_host_tier(acc, t, cells, source, node_dedup)
         if kind == "rb" and cluster.communication == "hierarchical":
             for n_ in sorted({int(node[s.rank]) for s in cells}):
                 width = _union_width([s.columns for s in cells if node[s.rank] == n_])
@@ -611,6 +642,65 @@ class _StepCounter:
                 nb = b * f_t * 4 * width
                 flows.add(cluster.name, "forward", peer, other, nb)
                 flows.add(cluster.name, "backward", other, peer, nb)
+
+    def count_host_tier(
+        self, acc: _Acc, t: PlanTable, cells: list, source: _Source, node_dedup: bool
+    ) -> None:
+        """Replay one step of the table's host-tier caches; add their counters, host link
+        bytes and HBM bytes (docs/host_tier.md, "Simulate")."""
+        plan, w_, g = self.plan, self.world, self.g
+        r = cells[0].row_shards
+        ids = [source.bag(i) for i in self.features_of[t.name]]
+        keys = np.concatenate([bag.ids for bag in ids]) if ids else np.zeros(0, np.int64)
+        keys = keys.astype(np.int64, copy=False)
+        ub = self.cluster_of[t.name].kind == "ub"
+        if ub:
+            # an owner admits the union of its requests; a row's count is the requests
+            # holding it: one per requester (hierarchical: per requester of the owner's
+            # node and per other node, whose aggregator sent the node's union)
+            b = self.b
+            rank_of = np.concatenate(
+                [np.repeat(np.arange(w_, dtype=np.int64), np.diff(bag.offsets[::b])) for bag in ids]
+            ) if ids else np.zeros(0, np.int64)  # fmt: skip
+            pairs = np.unique(rank_of * t.rows + keys)
+            req, keys = pairs // t.rows, pairs % t.rows
+        shard = row_shard_of(keys, t.rows, r, plan.row_partition) if r > 1 else None
+        st = acc.cache.setdefault(t.name, ReplayStats())
+        row_bytes = {}
+        for s in cells:
+            if not s.on_host:
+                continue
+            j, cap = s.row_shard, s.cache_rows or 0
+            group = -1
+            if ub and node_dedup:
+                group = s.rank // g
+            key = (t.name, j, cap, group)
+            step = acc.replayed.get(key)
+            if step is None:
+                mine = keys if shard is None else keys[shard == j]
+                local = local_row(mine, t.rows, r, plan.row_partition)
+                if ub:
+                    rq = req if shard is None else req[shard == j]
+                    if group >= 0:
+                        node = rq // g
+                        rq = np.where(node == group, rq, w_ + node)
+                    local = np.unique(rq * t.rows + local) % t.rows
+                rows, counts = np.unique(local, return_counts=True)
+                replay = self.replays.setdefault(key, LruReplay(cap))
+                step = acc.replayed[key] = replay.step(rows, counts)
+            st.add(step)
+            w = s.width
+            if w not in row_bytes:
+                row_bytes[w] = (t.bytes_for(1, w), w * DTYPE_BYTES[t.dtype])
+            row, weights = row_bytes[w]
+            # fetched rows and their state in; a row read from host: its weights for the
+            # forward, then weights and state staged for its update and written back
+            into = step.fetches * row + step.host_reads * (weights + row)
+            out = step.writebacks * row + step.host_reads * row
+            acc.host_in[s.rank] += into
+            acc.host_out[s.rank] += out
+            # every byte over the link is written into HBM or read out of it once
+            acc.hbm[s.rank] += into + out
 
 
 class _NodeDedup:
@@ -704,13 +794,16 @@ def step_time_of(
     received: dict[str, dict[str, float]],
     ring: float = 0.0,
     window: float | None = None,
+    host_link: float = 0.0,
 ) -> dict[str, float]:
     """Seconds per component of one rank's step (the conversion of the module docstring).
 
     `sent` / `received`: phase (distributor | forward | backward | dp_exchange) ->
     {"intra", "inter"} bytes of this rank; `ring`: seconds of the dp tables' dense ring
     all-reduce (`ring_seconds`), the same on every rank; `window`: the dense compute
-    that hides key traffic (`key_window(plan)` when None).
+    that hides key traffic (`key_window(plan)` when None); `host_link`: the bytes of the
+    busier direction of the rank's host link (host-tier caches), added to the lookup at
+    the topology's `host_bandwidth`.
     """
     if window is None:
         window = key_window(plan)
@@ -733,7 +826,8 @@ def step_time_of(
     results_latency = (2 * a2a + 2 * hier + 2 * hub) * call if many else 0.0
     return {
         "lookup": hbm_bytes / (topo.hbm_bandwidth * k.hbm_efficiency)
-        + (3 * (a2a + dp) + 2 * ub + 3 * hub) * k.kernel_launch_seconds,
+        + (3 * (a2a + dp) + 2 * ub + 3 * hub) * k.kernel_launch_seconds
+        + (host_link / (topo.host_bandwidth or K.HOST_BANDWIDTH) if host_link else 0.0),
         "distributor": max(
             0.0, link("distributor", "intra") + link("distributor", "inter") - window
         )
@@ -843,7 +937,7 @@ def simulate_many(
                 c.count_table(acc, t, source)
             source.clear()
         for c, acc, tot in zip(counters, accs, totals, strict=True):
-            tot.add(*c.finish(acc), batches)
+            tot.add(c.finish(acc), batches)
     return [tot.result(batches, seed) for tot in totals]
 
 
@@ -937,11 +1031,14 @@ class _Totals:
         self.sent = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
         self.recv = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
         self.ids, self.distinct, self.hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
+        self.host_in, self.host_out = np.zeros(w_), np.zeros(w_)
+        self.cache: dict[str, ReplayStats] = {}
         self.step_times: list[float] = []
 
-    def add(self, flows: _Flows, ids, distinct, hbm, batches: int) -> None:
+    def add(self, acc: _Acc, batches: int) -> None:
         plan = self.plan
-        per_cluster, sent, recv = flows.totals(self.cluster_names)
+        ids, distinct, hbm = acc.ids, acc.distinct, acc.hbm
+        per_cluster, sent, recv = acc.flows.totals(self.cluster_names)
         for c, v in per_cluster.items():
             for lk in LINKS:
                 self.cluster[c][lk] += v[lk] / batches
@@ -952,11 +1049,20 @@ class _Totals:
         self.ids += ids / batches
         self.distinct += distinct / batches
         self.hbm += hbm / batches
+        self.host_in += acc.host_in / batches
+        self.host_out += acc.host_out / batches
+        for name, st in acc.cache.items():
+            self.cache.setdefault(name, ReplayStats()).add(st)
         ring = ring_seconds(plan, sent["ring"])
         window = key_window(plan)
+        link = np.maximum(acc.host_in, acc.host_out)
         self.step_times.append(
             max(
-                sum(step_time_of(plan, hbm[a], _of(sent, a), _of(recv, a), ring, window).values())
+                sum(
+                    step_time_of(
+                        plan, hbm[a], _of(sent, a), _of(recv, a), ring, window, float(link[a])
+                    ).values()
+                )
                 for a in range(self.world)
             )
         )
@@ -969,6 +1075,7 @@ class _Totals:
         per_rank = []
         for a in range(self.world):
             s, rv = _of(self.sent, a), _of(self.recv, a)
+            link = max(float(self.host_in[a]), float(self.host_out[a]))
             per_rank.append(
                 RankCounts(
                     rank=a,
@@ -978,7 +1085,9 @@ class _Totals:
                     sent=s,
                     received=rv,
                     memory_bytes=memory[a],
-                    components=step_time_of(plan, float(self.hbm[a]), s, rv, ring, window),
+                    components=step_time_of(plan, float(self.hbm[a]), s, rv, ring, window, link),
+                    host_in=float(self.host_in[a]),
+                    host_out=float(self.host_out[a]),
                 )
             )
         critical = max(per_rank, key=lambda rc: (rc.time, -rc.rank))
@@ -998,6 +1107,7 @@ class _Totals:
             step_times=self.step_times,
             components=dict(critical.components),
             dense_allreduce_time=dense,
+            host_tier=self.cache,
         )
 
 
@@ -1042,3 +1152,85 @@ def _pct(estimate: float | None, simulated: float) -> float | None:
     if estimate is None or not simulated or not math.isfinite(simulated):
         return None
     return 100.0 * (float(estimate) - simulated) / simulated
+
+
+# --------------------------------------------------------------------------- host tier
+
+HIT_RATE_TOLERANCE = 0.05
+"""How far (absolute, as a fraction of the lookups) a counted hit rate may be from the
+cold-start expectation before `embarkc simulate` flags it. Two sources of difference
+are expected: sampling (a few steps of a few thousand lookups each: a standard error of
+about 1 %) and Che's approximation of LRU, within 1-3 % for zipf streams (Fricker,
+Robert and Roberts, ITC 2012); beyond 5 % the cache model misjudges the table."""
+
+
+@dataclass
+class HostTierRow:
+    """One table's host-tier caches: counted against the planner's expectations."""
+
+    table: str
+    counted: ReplayStats
+    """summed over its host-tier cells and the simulated steps, from cold caches"""
+    cold_lookups: float | None = None
+    """the cache model's distinct rows over the same cells and steps (None: no program)"""
+    cold_misses: float | None = None
+    """... and its misses from cold caches (step t with history t - 1)"""
+    steady_hit_rate: float | None = None
+    """the plan's estimate (`estimate.host_tier`): the steady state"""
+
+    @property
+    def cold_hit_rate(self) -> float | None:
+        if self.cold_lookups is None or self.cold_misses is None:
+            return None
+        return 1.0 - self.cold_misses / self.cold_lookups if self.cold_lookups > 0 else 1.0
+
+    @property
+    def flagged(self) -> bool:
+        """The counted hit rate is beyond HIT_RATE_TOLERANCE of the cold expectation."""
+        h, e = self.counted.hit_rate, self.cold_hit_rate
+        return h is not None and e is not None and abs(h - e) > HIT_RATE_TOLERANCE
+
+    def as_dict(self) -> dict:
+        return {
+            "table": self.table,
+            **self.counted.as_dict(),
+            "hit_rate": self.counted.hit_rate,
+            "expected_cold_hit_rate": self.cold_hit_rate,
+            "expected_cold_lookups": self.cold_lookups,
+            "expected_cold_misses": self.cold_misses,
+            "expected_steady_hit_rate": self.steady_hit_rate,
+            "beyond_tolerance": self.flagged,
+        }
+
+
+def host_tier_comparison(plan: Plan, result: SimResult, program=None) -> list[HostTierRow]:
+    """Per table with host-tier cells: the counted hit rate, the cache model's for the
+    same steps from cold caches (`embarkc.planner.cache_model`, which needs the plan's
+    `program`; None without), and the plan's steady-state estimate."""
+    if not result.host_tier:
+        return []
+    steady = {
+        t["table"]: t.get("hit_rate")
+        for t in ((plan.estimate.model_extra or {}).get("host_tier") or {}).get("tables", [])
+    }
+    cm = None
+    if program is not None:
+        from embarkc.planner.cost import CostModel
+
+        cm = CostModel(program)
+    out = []
+    for name, counted in result.host_tier.items():
+        row = HostTierRow(name, counted, steady_hit_rate=steady.get(name))
+        if cm is not None and name in cm.facts:
+            from embarkc.planner.cache_model import table_cache
+
+            cells = [s for s in plan.shards if s.table == name and s.on_host]
+            tc = table_cache(cm, cm.facts[name], cells[0].row_shards)
+            j = np.array([s.row_shard for s in cells], dtype=np.intp)
+            c = np.array([s.cache_rows or 0 for s in cells], dtype=np.float64)
+            row.cold_lookups = float(tc.lookups()[j].sum()) * result.batches
+            row.cold_misses = sum(
+                float(tc.misses(j, c, history=t).sum()) for t in range(result.batches)
+            )
+        out.append(row)
+    return out

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embark_runtime.formatting import format_ms
+from embark_runtime.formatting import format_bytes, format_ms
 from embarkc.diagnostics import EXIT_OK, Diagnostic, print_warnings
 
 HELP = "count a plan's traffic and work on sampled batches and estimate its step time"
@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         metavar="K",
-        help=f"batches to draw (2, at most {MAX_BATCHES:,})",
+        help=f"batches to draw (2, at most {MAX_BATCHES:,}); consecutive steps, so more "
+        "batches warm a host-tier plan's caches",
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="data seed (0)")
     p.add_argument("--strategy", help="planning strategy for a SPEC (default: the spec's)")
@@ -56,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_target(args: argparse.Namespace) -> Any:
-    """The plan to simulate: loaded from a plan file, or planned from a spec."""
+def load_target(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(plan, program): the plan to simulate, loaded from a plan file or planned from a
+    spec, and the program behind it (a plan file's only when its spec is found unchanged,
+    `embarkc.diff.program_of_plan`; else None)."""
     from embarkc.diagnostics import EmbarkError
     from embarkc.frontend import is_plan_file, plan_in_folder
 
@@ -84,7 +87,14 @@ def load_target(args: argparse.Namespace) -> Any:
                 "give the spec, or re-plan it with `embarkc plan SPEC -o PLAN`)",
                 file=sys.stderr,
             )
-        return load_plan(args.target)
+        plan = load_plan(args.target)
+        program = None
+        if any(s.on_host for s in plan.shards):
+            # only the host tier's cold-start expectation needs the program
+            from embarkc.diff import program_of_plan
+
+            program = program_of_plan(plan, str(args.target))
+        return plan, program
     from embarkc.frontend import load_program
     from embarkc.planner import warn_ignored_constraints
     from embarkc.planner.check import check_plan
@@ -104,13 +114,13 @@ def load_target(args: argparse.Namespace) -> Any:
     # a fixed strategy's ignored constraints are warnings, not a broken plan
     warn_ignored_constraints(program, plan)
     check_plan(program, plan, args.target, constraints=False, estimate=False)
-    return plan
+    return plan, program
 
 
 def run(args: argparse.Namespace) -> int:
     from embarkc.commands import check_planner_options
     from embarkc.diagnostics import EmbarkError
-    from embarkc.simulate import compare_with_estimate, simulate
+    from embarkc.simulate import compare_with_estimate, host_tier_comparison, simulate
 
     if args.batches < 1:
         raise EmbarkError.at(args.target, f"--batches must be at least 1, got {args.batches}")
@@ -121,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             "counted in full; the average settles within a few)",
         )
     check_planner_options(args, args.target)
-    plan = load_target(args)
+    plan, program = load_target(args)
 
     def progress(step: int, total: int) -> None:
         print(f"simulating batch {step + 1}/{total} ...", file=sys.stderr)
@@ -132,15 +142,32 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise EmbarkError.at(args.target, str(e)) from None
     wall = time.perf_counter() - start
+    tiers = host_tier_comparison(plan, result, program)
     if args.format == "json":
         import json
 
         from embarkc.interop.summaries import simulation_summary
 
         diff = compare_with_estimate(plan, result)
-        print(json.dumps(simulation_summary(plan, result, diff, wall), indent=2))
+        out = simulation_summary(plan, result, diff, wall)
+        if tiers:
+            out["host_tier"] = host_tier_json(result, tiers)
+        print(json.dumps(out, indent=2))
     else:
         print_result(plan, result, compare_with_estimate(plan, result), wall, args.all_ranks)
+        if tiers:
+            print_host_tier(plan, result, tiers)
+    flagged = [t.table for t in tiers if t.flagged]
+    if flagged:
+        from embarkc.simulate import HIT_RATE_TOLERANCE
+
+        print(
+            f"{args.target}: warning: the counted hit rate of {', '.join(flagged)} is more "
+            f"than {100 * HIT_RATE_TOLERANCE:.0f} points from the cache model's expectation "
+            "for the same steps from cold caches: the planner's cache sizes rest on it "
+            '(docs/host_tier.md, "Simulate")',
+            file=sys.stderr,
+        )
     from embarkc.planner import stale_reason
 
     why = stale_reason(plan)
@@ -239,3 +266,64 @@ def print_result(plan: Any, result: Any, diff: dict[str, Any], wall: float, all_
         )
     if diff.get("mean_rank_time") is not None:
         print(f"  mean |difference| of the per-rank times: {diff['mean_rank_time']:.2f}%")
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def host_tier_json(result: Any, tiers: list[Any]) -> dict[str, Any]:
+    """`simulate --format json`'s `host_tier`: per table the counted caches against the
+    expectations, and per rank the host link's bytes per step (means over the steps)."""
+    from embarkc.simulate import HIT_RATE_TOLERANCE
+
+    return {
+        "tolerance": HIT_RATE_TOLERANCE,
+        "tables": [t.as_dict() for t in tiers],
+        "per_rank": [
+            {"rank": r.rank, "host_in_bytes": r.host_in, "host_out_bytes": r.host_out}
+            for r in sorted(result.per_rank, key=lambda r: r.rank)
+        ],
+    }
+
+
+def print_host_tier(plan: Any, result: Any, tiers: list[Any]) -> None:
+    n = result.batches
+    print(
+        f"host tier: caches replayed from cold over the {n} batch{'es' if n != 1 else ''} "
+        "as the runtime runs them (LRU; rows summed over a table's host-tier cells)"
+    )
+    print(
+        "  table              lookups       hits  evictions  host reads   hit rate"
+        "  expected (cold)  steady"
+    )
+    for t in tiers:
+        c = t.counted
+        print(
+            f"  {t.table:14s} {c.lookups:11,d} {c.hits:10,d} {c.evictions:10,d} "
+            f"{c.host_reads:11,d} {_rate(c.hit_rate):>10} {_rate(t.cold_hit_rate):>16} "
+            f"{_rate(t.steady_hit_rate):>7}" + ("  (!)" if t.flagged else "")
+        )
+    if any(t.cold_hit_rate is None for t in tiers):
+        print(
+            "  expected (cold): needs the spec (a plan file's spec, unchanged, next to it "
+            "or in the current folder)"
+        )
+    busiest = max(result.per_rank, key=lambda r: (max(r.host_in, r.host_out), -r.rank))
+    bw = plan.topology.host_bandwidth
+    print(
+        f"  host link per step: busiest rank {busiest.rank} {format_bytes(busiest.host_in)} "
+        f"in, {format_bytes(busiest.host_out)} out (in its lookup time at "
+        + (f"{bw / 1e9:g} GB/s)" if bw else "the default host bandwidth)")
+    )
+    if any(
+        t.steady_hit_rate is not None
+        and t.counted.hit_rate is not None
+        and t.counted.hit_rate < t.steady_hit_rate
+        for t in tiers
+    ):
+        print(
+            "  caches start cold: hit rates of few batches are below the steady state the "
+            "plan's estimate assumes (`--batches` warms them; so is the simulated lookup time "
+            "above the estimate's)"
+        )

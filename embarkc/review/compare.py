@@ -355,6 +355,9 @@ def _verdict(s: Summary, migration: Migration, identical: bool) -> str:
         mem = f"from nothing to {fmt_bytes(s.peak_memory.b)}"
     moved = migration.total_bytes
     move = f"{fmt_bytes(moved)} to migrate" if moved else "nothing to migrate"
+    host = migration.host_hbm.total_bytes if migration.host_hbm is not None else 0
+    if host:
+        move += f", {fmt_bytes(host)} host <-> HBM"
     return f"{head}, peak memory {mem}, {move}"
 
 

@@ -252,6 +252,22 @@ def migration_lines(m: Migration) -> list[str]:
         out.append(
             "Largest tables: " + ", ".join(f"`{t.table}` {fmt_bytes(t.bytes)}" for t in top) + "."
         )
+    h = m.host_hbm
+    if h is not None and h.total_bytes:
+        out.append(
+            f"{fmt_bytes(h.total_bytes)} host <-> HBM bytes copied on their ranks "
+            f"({fmt_bytes(h.to_hbm_bytes)} into HBM, {fmt_bytes(h.to_host_bytes)} into host "
+            "memory): "
+            + ", ".join(
+                f"`{t.table}` {fmt_bytes(t.to_hbm_bytes + t.to_host_bytes)}" for t in h.by_table[:5]
+            )
+            + "."
+        )
+    elif h is not None:
+        out.append(
+            "Nothing moves between host memory and HBM on a rank (a cache size changes no "
+            "bytes: caches refill from the host copy)."
+        )
     if m.fresh_tables:
         out.append(f"Start from their initialiser: {', '.join(f'`{t}`' for t in m.fresh_tables)}.")
     if m.fresh_state_tables:
@@ -275,6 +291,10 @@ def render_json(d: PlanDiff) -> str:
     """The whole diff as deterministic JSON (sorted keys, newline at the end)."""
     data = d.model_dump(mode="json")
     data["migration"]["total_bytes"] = d.migration.total_bytes
+    if d.migration.host_hbm is None:
+        del data["migration"]["host_hbm"]  # an all-HBM diff reads as it did
+    else:
+        data["migration"]["host_hbm"]["total_bytes"] = d.migration.host_hbm.total_bytes
     if not d.not_compared:
         del data["not_compared"]
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
