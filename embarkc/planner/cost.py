@@ -678,12 +678,16 @@ class CostModel:
         misses = np.zeros(len(j))
         if on_host.any():
             misses[on_host] = tc.misses(j[on_host], c[on_host])
-        per_row = np.add(*tf.cell_bytes(1.0, w))  # type: ignore[arg-type]
+        weight_row, state_row = tf.cell_bytes(1.0, w)  # type: ignore[arg-type]
+        per_row = weight_row + state_row
+        # misses beyond the slots the step's hits leave are served from host: their
+        # weights read for the lookup, then weights and state for the update, written back
+        host_reads = np.maximum(misses - np.maximum(c - (lookups - misses), 0.0), 0.0)
         held = np.where(on_host, np.minimum(c, rsj), rsj)
         whole = np.add(*tf.cell_bytes(rsj, w))  # type: ignore[arg-type]
         return {
             "cache": np.where(on_host, c, -1.0),
-            "host": misses * per_row,
+            "host": misses * per_row + np.where(on_host, host_reads, 0.0) * weight_row,
             "host_memory": np.where(on_host, whole, 0.0),
             "misses": misses,
             "lookups": np.where(on_host, lookups, 0.0),
