@@ -270,8 +270,9 @@ class ShardedEmbeddings(torch.nn.Module):
         raise KeyError(f"no table `{table}` in the plan")
 
     def gather_table(self, name: str) -> Tensor:
-        """The whole table [rows, dim] (fp32) on every rank. Collective."""
-        return self._gather(name)[0]
+        """The whole table [rows, dim] (fp32) on every rank. Collective; its optimizer
+        state is not gathered (an export holds one table at a time, nothing more)."""
+        return self._gather(name, state=False)[0]
 
     def gather_state(self, name: str) -> dict[str, Tensor]:
         """The table's whole optimizer state on every rank. Collective."""
@@ -308,17 +309,20 @@ class ShardedEmbeddings(torch.nn.Module):
                     out.setdefault(c.name, CacheStats()).add(cell.cache.take_stats())
         return out
 
-    def _gather(self, name: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def _gather(self, name: str, state: bool = True) -> tuple[Tensor, dict[str, Tensor]]:
+        """The table `name` and (with `state`, else {}) its optimizer state, whole."""
         self.flush()
         c = self._cluster_of(name)
         t = c.table_by_name[name]
+        names = STATE_NAMES[t.optimizer] if state else ()
         if isinstance(c, DpCluster):
             cell = c.replica(name)
-            return cell.weight.float().clone(), {k: v.clone() for k, v in cell.state.items()}
+            kept = cell.state.items() if state else ()
+            return cell.weight.float().clone(), {k: v.clone() for k, v in kept}
         weight = torch.zeros(t.rows, t.dim, device=self.device)
-        state = {
+        states = {
             n: torch.zeros(state_shape(t.optimizer, n, t.rows, t.dim), device=self.device)
-            for n in STATE_NAMES[t.optimizer]
+            for n in names
         }
         # every (row, column) is held by exactly one cell, so a sum over ranks assembles the
         # table; per-row state is replicated on the column cells of a row: take column 0's
@@ -330,14 +334,16 @@ class ShardedEmbeddings(torch.nn.Module):
             )
             weight[g, key.lo : key.hi] = cell.weight.float().to(self.device)
             for sname, s in cell.state.items():
+                if sname not in states:
+                    continue
                 if s.dim() == 2:
-                    state[sname][g, key.lo : key.hi] = s.to(self.device)
+                    states[sname][g, key.lo : key.hi] = s.to(self.device)
                 elif key.lo == 0:
-                    state[sname][g] = s.to(self.device)
+                    states[sname][g] = s.to(self.device)
         self.comm.all_reduce(weight)
-        for sname in STATE_NAMES[t.optimizer]:
-            self.comm.all_reduce(state[sname])
-        return weight, state
+        for sname in names:
+            self.comm.all_reduce(states[sname])
+        return weight, states
 
     # ------------------------------------------------------------------ checkpoint
     def cells(self) -> list:

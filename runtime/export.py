@@ -47,7 +47,7 @@ import re
 import shutil
 import struct
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -444,74 +444,149 @@ def table_chunks(source: Source, name: str) -> Iterator[np.ndarray]:
 
 def write_tables(source: Source, path: Path, flag: str = "-o") -> int:
     """Write every table of `source` whole, float32, to `path` (.safetensors or .npz by
-    its suffix), streaming chunk by chunk; atomically (a temporary file in the same
-    folder, renamed over `path`), so a failure leaves any older file whole. A stream
-    (/dev/null, a pipe) is written in place. Returns the bytes of table data written."""
-    if path.suffix not in TABLE_SUFFIXES:
-        raise ExportError(f"{flag} {path}: the name must end in .safetensors or .npz")
-    target = output_target(path)
-    dest = path if target is None else target.with_name(f".{target.name}.tmp{os.getpid()}")
-    names = list(source.tables)
-    try:
-        if target is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        with open(dest, "wb") as f:
-            if path.suffix == ".safetensors":
-                total = _write_safetensors_tables(f, source, names)
+    its suffix), streaming chunk by chunk through a `TableFileWriter` (atomic; a stream
+    is written in place). Returns the bytes of table data written."""
+    shapes = {name: (t.rows, t.dim) for name, t in source.tables.items()}
+    with TableFileWriter(path, shapes, flag) as out:
+        for name in shapes:
+            out.write(name, table_chunks(source, name))
+    return out.written
+
+
+class TableFileWriter:
+    """One .safetensors or .npz file (by `path`'s suffix) of whole float32 tables
+    [rows, dim], written one table at a time in the order of `shapes` (name -> (rows,
+    dim)) from row chunks, so that whoever writes it holds one chunk, never the file's
+    tables: a safetensors file's header is written first from the shapes (the format: an
+    8-byte little-endian header length, the JSON header with each tensor's dtype, shape
+    and data offsets, padded with spaces to 8 bytes, then the raw bytes in header order),
+    an npz is a stored zip with one `.npy` member a table. Both read as
+    `safetensors.numpy.load_file` and `numpy.load` read the files they write.
+
+    Used as a context manager: a temporary file in the target's folder, fsynced and
+    renamed over `path` when every table was written and the block ends without an
+    exception; removed otherwise, so a failure leaves any older file whole. A link has
+    the file it names replaced; a stream (/dev/null, a pipe) is written in place. The
+    file system's refusals raise ExportError naming `flag` and `path`.
+
+    `held_bytes` is the most bytes of table data handed to `write` at once (one chunk):
+    the writer copies nothing and buffers only the file object's few KiB."""
+
+    def __init__(self, path: Path, shapes: dict[str, tuple[int, int]], flag: str = "-o"):
+        if path.suffix not in TABLE_SUFFIXES:
+            raise ExportError(f"{flag} {path}: the name must end in .safetensors or .npz")
+        self.path, self.shapes, self.flag = path, dict(shapes), flag
+        self.written = 0
+        """bytes of table data written"""
+        self.held_bytes = 0
+        self._target = output_target(path)
+        self._dest = (
+            path
+            if self._target is None
+            else self._target.with_name(f".{self._target.name}.tmp{os.getpid()}")
+        )
+        self._done: list[str] = []
+        self._file: Any = None
+        self._zip: zipfile.ZipFile | None = None
+
+    def __enter__(self) -> TableFileWriter:
+        with self._refusals():
+            if self._target is not None:
+                self._target.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self._dest, "wb")  # noqa: SIM115 (closed by __exit__)
+            if self.path.suffix == ".safetensors":
+                self._file.write(safetensors_header(self.shapes))
             else:
-                total = _write_npz_tables(f, source, names)
-            f.flush()
-            if target is not None:
-                os.fsync(f.fileno())
-        if target is not None:
-            os.replace(dest, target)
-    except OSError as e:
-        raise ExportError(f"{flag} {path}: cannot write: {e.strerror or e}") from None
-    finally:
-        if target is not None:
-            try:
-                dest.unlink(missing_ok=True)
-            except OSError:
-                pass
-    return total
+                self._zip = zipfile.ZipFile(
+                    self._file, "w", compression=zipfile.ZIP_STORED, allowZip64=True
+                )
+        return self
+
+    def write(self, name: str, chunks: Iterable[np.ndarray]) -> None:
+        """Table `name` (the next of `shapes`) from its rows in order, as float32 chunks
+        [k, dim] that together hold its rows exactly."""
+        order = list(self.shapes)
+        if len(self._done) >= len(order) or order[len(self._done)] != name:
+            raise ValueError(f"table `{name}` out of order (expected the order {order})")
+        rows, dim = self.shapes[name]
+        with self._refusals():
+            if self._zip is None:
+                got = self._write_rows(self._file, name, chunks)
+            else:
+                with self._zip.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    header = {"descr": "<f4", "fortran_order": False, "shape": (rows, dim)}
+                    np.lib.format.write_array_header_2_0(member, header)
+                    got = self._write_rows(member, name, chunks)
+        if got != rows:
+            raise ValueError(f"table `{name}`: {got} rows written, its shape says {rows}")
+        self._done.append(name)
+        self.written += rows * dim * 4
+
+    def _write_rows(self, out: Any, name: str, chunks: Iterable[np.ndarray]) -> int:
+        dim = self.shapes[name][1]
+        got = 0
+        for chunk in chunks:
+            if chunk.dtype != np.float32 or chunk.ndim != 2 or chunk.shape[1] != dim:
+                raise ValueError(f"table `{name}`: a chunk of {chunk.dtype} {chunk.shape}")
+            self.held_bytes = max(self.held_bytes, chunk.nbytes)
+            out.write(memoryview(np.ascontiguousarray(chunk)).cast("B"))
+            got += chunk.shape[0]
+        return got
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        try:
+            if kind is None:
+                with self._refusals():
+                    self._publish()
+            else:  # the error that ended the block is the one to report
+                with contextlib.suppress(OSError, ValueError):
+                    if self._zip is not None:
+                        self._zip.close()
+                if self._file is not None:
+                    with contextlib.suppress(OSError):
+                        self._file.close()
+        finally:
+            if self._target is not None:
+                with contextlib.suppress(OSError):  # its folder may not be there either
+                    self._dest.unlink(missing_ok=True)
+
+    def _publish(self) -> None:
+        missing = [n for n in self.shapes if n not in self._done]
+        if missing:
+            raise ValueError(f"tables {missing} were not written")
+        if self._zip is not None:
+            self._zip.close()
+        self._file.flush()
+        if self._target is not None:
+            os.fsync(self._file.fileno())
+        self._file.close()
+        if self._target is not None:
+            os.replace(self._dest, self._target)
+
+    @contextlib.contextmanager
+    def _refusals(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            raise ExportError(f"{self.flag} {self.path}: cannot write: {e.strerror or e}") from None
 
 
-def _write_safetensors_tables(f: Any, source: Source, names: list[str]) -> int:
+def safetensors_header(shapes: dict[str, tuple[int, int]]) -> bytes:
+    """The length prefix and JSON header of a safetensors file of float32 tensors of
+    `shapes`, their bytes following in that order."""
     header: dict[str, Any] = {"__metadata__": {"format": FORMAT}}
     offset = 0
-    for name in names:
-        t = source.tables[name]
-        size = t.rows * t.dim * 4
+    for name, (rows, dim) in shapes.items():
+        size = rows * dim * 4
         header[name] = {
             "dtype": "F32",
-            "shape": [t.rows, t.dim],
+            "shape": [rows, dim],
             "data_offsets": [offset, offset + size],
         }
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    f.write(struct.pack("<Q", len(text)))
-    f.write(text)
-    for name in names:
-        for chunk in table_chunks(source, name):
-            f.write(memoryview(chunk).cast("B"))
-    return offset
-
-
-def _write_npz_tables(f: Any, source: Source, names: list[str]) -> int:
-    total = 0
-    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
-        for name in names:
-            t = source.tables[name]
-            with z.open(f"{name}.npy", "w", force_zip64=True) as out:
-                np.lib.format.write_array_header_2_0(
-                    out,
-                    {"descr": "<f4", "fortran_order": False, "shape": (t.rows, t.dim)},
-                )
-                for chunk in table_chunks(source, name):
-                    out.write(memoryview(chunk).cast("B"))
-            total += t.rows * t.dim * 4
-    return total
+    return struct.pack("<Q", len(text)) + text
 
 
 # --------------------------------------------------------------------------- warm start
@@ -796,6 +871,7 @@ __all__ = [
     "CHUNK_BYTES",
     "ExportError",
     "Source",
+    "TableFileWriter",
     "check_against_plan",
     "check_export_folder",
     "discard_unfinished_export",

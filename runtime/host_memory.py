@@ -14,7 +14,11 @@ THE ESTIMATE (bytes; `embark_runtime.optimizers` gives every optimizer's state)
   init        the largest table or cell being initialised: its global row ids (int64)
               and its fp32 values before the cast to the table's dtype
               (`embark_runtime.init.initial_values`), on each rank at once
-  export      --export-embeddings: an fp32 copy of every table, gathered in one process
+  export      --export-embeddings FILE (a whole-table file): the largest table in fp32,
+              gathered on each rank at once, one table at a time (the file is written
+              table by table); the reference exports its own tables in row chunks, and
+              the largest table's fp32 copy bounds those too. A sharded export (a folder)
+              streams each rank's cells and allocates no table
 The dense model, batches and communication buffers are left out: for a spec whose tables
 matter they are small beside them, and the margin below covers them.
 
@@ -62,7 +66,7 @@ def host_need(plan: Plan, ranks: list[int] | None, *, export: bool) -> HostNeed:
     """What a run of `plan` allocates on this machine: the sharded ranks `ranks` (the
     ones it runs), or the unsharded reference (None)."""
     init_of = lambda rows, width: rows * 8 + rows * width * 4  # noqa: E731
-    export_bytes = sum(t.rows * t.dim * 4 for t in plan.tables) if export else 0
+    export_bytes = max((t.rows * t.dim * 4 for t in plan.tables), default=0) if export else 0
     if ranks is None:
         held = sum(t.bytes_for(t.rows, t.dim) for t in plan.tables)
         init = max((init_of(t.rows, t.dim) for t in plan.tables), default=0)
@@ -80,8 +84,8 @@ def host_need(plan: Plan, ranks: list[int] | None, *, export: bool) -> HostNeed:
         if s.rank in mine:
             rows = plan.row_count(s.table, s.row_shard, s.row_shards)
             largest = max(largest, init_of(rows, s.width))
-    # every rank of the machine initialises at once
-    return HostNeed(held, largest * len(ranks), export_bytes)
+    # every rank of the machine initialises at once, and gathers each exported table
+    return HostNeed(held, largest * len(ranks), export_bytes * len(ranks))
 
 
 def _meminfo_available(text: str) -> int | None:

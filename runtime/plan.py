@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -876,16 +877,20 @@ def _missing_error(path: str, missing: list[str], why: str) -> PlanError:
     )
 
 
-def check_complete(plan: Plan, path: str, *, training: bool = False) -> None:
+def check_complete(
+    plan: Plan, path: str, *, training: bool = False, unwritten: Sequence[str] = ()
+) -> None:
     """Raise PlanError (rule `complete`) naming the fields `plan` lacks: with `training`
     those training reads (the generated trainer), else every field its spec determines
-    (a plan read against its spec)."""
+    (a plan read against its spec), and the `unwritten` ones: fields written only when
+    the spec sets them, which the caller found the spec sets (a feature's `column`)."""
     if training:
         missing = missing_training_fields(plan)
         why = "training reads it and would fall back on a default the spec may not say"
     else:
         missing = missing_fields(plan)
         why = "the spec determines it, and a reader would fall back on a default"
+    missing += unwritten
     if missing:
         raise _missing_error(path, missing, why)
 

@@ -59,9 +59,6 @@ def host_memory_check(
         groups = node_groups(world, local)
     needs = [(host_need(plan, g, export=export), g) for g in groups]
     need, ranks = max(needs, key=lambda n: n[0].total)
-    # the export is gathered on rank 0 only
-    if 0 not in ranks:
-        need = host_need(plan, ranks, export=False)
     span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]} to {ranks[-1]}"
     return host_memory_problem(need, available, f"a CPU run of {span} on this machine")
 

@@ -57,7 +57,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -82,7 +82,7 @@ from embark_runtime.dense import (
     optimizer_state_tensors,
     set_rate,
 )
-from embark_runtime.files import RunPath, output_target, run_path_clash
+from embark_runtime.files import RunPath, run_path_clash
 from embark_runtime.formatting import format_mib
 from embark_runtime.metrics import log_loss, roc_auc
 from embark_runtime.optim import schedule_clusters
@@ -238,7 +238,8 @@ def build_parser(program: TrainProgram) -> argparse.ArgumentParser:
         metavar="PATH",
         help="at the end, write every table: a FOLDER gets a sharded export (each rank "
         "writes its own cells, no gather); x.safetensors or x.npz one whole-table file "
-        "(gathered on rank 0); `embarkc export FOLDER -o x.safetensors` joins a folder's",
+        "(gathered on rank 0 a table at a time); `embarkc export FOLDER -o x.safetensors` "
+        "joins a folder's",
     )
     p.add_argument(
         "--init-embeddings",
@@ -500,7 +501,8 @@ def _preflight(plan: Plan, args: argparse.Namespace) -> None:
     ]
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     if on_cpu:
-        export = args.export_embeddings is not None
+        # a sharded export streams each rank's own cells; a whole-table file gathers
+        export = args.export_embeddings is not None and not _sharded_export(args.export_embeddings)
         problems.append(preflight.host_memory_check(plan, reference=args.reference, export=export))
     for problem in problems:
         if problem is not None:
@@ -757,37 +759,46 @@ class _Log:
 
 
 def export_tables(path: Path, tables: dict[str, np.ndarray]) -> None:
-    """Write `tables` ([rows, dim] float arrays by name) atomically, by the file's suffix
-    (TrainerError when the file system refuses; an older file stays whole). A link has
-    the file it names written; a stream (/dev/null, a pipe) is written in place
-    (`embark_runtime.files.output_target`)."""
-    arrays = {k: np.ascontiguousarray(v) for k, v in tables.items()}
-    target = output_target(path)
-    dest = path if target is None else target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        if target is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".safetensors":
-            from safetensors.numpy import save, save_file
+    """Write `tables` ([rows, dim] float arrays by name) as float32, atomically, by the
+    file's suffix (`write_table_file`)."""
+    shapes = {k: (int(v.shape[0]), int(v.shape[1])) for k, v in tables.items()}
+    write_table_file(path, shapes, (torch.from_numpy(np.asarray(v)) for v in tables.values()))
 
-            if target is None:  # save_file would replace the stream with a file
-                with dest.open("wb") as f:
-                    f.write(save(arrays))
-            else:
-                save_file(arrays, str(dest))
-        else:
-            with dest.open("wb") as f:
-                np.savez(f, **arrays)  # type: ignore[arg-type]
-        if target is not None:
-            os.replace(dest, target)
-    except OSError as e:
-        raise TrainerError(f"--export-embeddings {path}: cannot write: {e.strerror or e}") from None
+
+def write_table_file(
+    path: Path, shapes: dict[str, tuple[int, int]], tables: Iterator[torch.Tensor]
+) -> None:
+    """Write the tables of `shapes` (name -> (rows, dim)) to `path` (.safetensors or .npz)
+    as float32, taking each [rows, dim] tensor from `tables` in that order only once the
+    one before it is written and released: whoever calls this holds one table at a time
+    (and on a device one row chunk of it on the host), not the model
+    (`embark_runtime.export.TableFileWriter`: atomic, an older file stays whole; a link
+    has the file it names written, a stream is written in place). `tables` is drained
+    whatever happens: a sharded run's gathers are collectives every rank takes part in.
+    TrainerError when the file system refuses."""
+    from embark_runtime.export import ExportError, TableFileWriter
+
+    try:
+        with TableFileWriter(path, shapes, "--export-embeddings") as out:
+            for name in shapes:
+                # the table lives in the chunks' generator alone: freed when written
+                out.write(name, _host_chunks(next(tables)))
+    except ExportError as e:
+        raise TrainerError(str(e)) from None
     finally:
-        if target is not None:
-            try:
-                dest.unlink(missing_ok=True)
-            except OSError:
-                pass  # its folder is not there either
+        for _ in tables:
+            pass
+
+
+def _host_chunks(table: torch.Tensor) -> Iterator[np.ndarray]:
+    """A [rows, dim] table as float32 host row chunks of at most CHUNK_BYTES (views of a
+    float32 table on the CPU; a device's or another dtype's copied a chunk at a time)."""
+    from embark_runtime.export import CHUNK_BYTES
+
+    rows, dim = table.shape
+    step = max(1, CHUNK_BYTES // max(1, dim * 4))
+    for a in range(0, rows, step):
+        yield table[a : a + step].detach().float().cpu().numpy()
 
 
 def load_exported(path: Path) -> dict[str, np.ndarray]:
@@ -854,12 +865,10 @@ class _Reference:
         with Prefetcher(self.data.global_batch, 0, a.steps, a.prefetch) as feed:
             loss_value = self._loop(feed)
         if a.export_embeddings is not None:
-            export_tables(
+            write_table_file(
                 a.export_embeddings,
-                {
-                    t.name: self.embeddings.table_weights(t.name).detach().cpu().numpy()
-                    for t in self.plan.tables
-                },
+                {t.name: (t.rows, t.dim) for t in self.plan.tables},
+                (self.embeddings.weights[t.name] for t in self.plan.tables),
             )
             self.log.say(f"exported {len(self.plan.tables)} tables to {a.export_embeddings}")
         _summarize(self.log, self, time.perf_counter() - started, loss_value, 0)
@@ -1686,14 +1695,23 @@ class _Sharded:
         self.log.say(f"exported {len(self.plan.tables)} tables, sharded, to {path}")
 
     def _export(self, path: Path) -> None:
-        tables = {}
-        for t in self.plan.tables:
-            w = self.embeddings.gather_table(t.name)  # collective: every rank calls it
-            if self.rank == 0:
-                tables[t.name] = w.detach().float().cpu().numpy()
+        export_gathered(path, self.plan, self.embeddings.gather_table, self.rank)
         if self.rank == 0:
-            export_tables(path, tables)
-            self.log.say(f"exported {len(tables)} tables to {path}")
+            self.log.say(f"exported {len(self.plan.tables)} tables to {path}")
+
+
+def export_gathered(
+    path: Path, plan: Plan, gather: Callable[[str], torch.Tensor], rank: int
+) -> None:
+    """--export-embeddings FILE of a sharded run: every rank gathers the plan's tables in
+    turn (`gather`, a collective), rank 0 writing each to `path` before the next is
+    gathered (`write_table_file`), so that no rank holds more than one table at once."""
+    tables = (gather(t.name) for t in plan.tables)
+    if rank == 0:
+        write_table_file(path, {t.name: (t.rows, t.dim) for t in plan.tables}, tables)
+    else:
+        for _ in tables:
+            pass
 
 
 __all__ = [
@@ -1701,7 +1719,9 @@ __all__ = [
     "TrainProgram",
     "TrainerError",
     "build_parser",
+    "export_gathered",
     "export_tables",
     "load_exported",
+    "write_table_file",
     "main",
 ]

@@ -126,8 +126,11 @@ def test_the_estimate_counts_weights_state_initialisation_and_export() -> None:
     ref = host_memory.host_need(plan, None, export=True)
     held = sum(t.bytes_for(t.rows, t.dim) for t in plan.tables)
     assert ref.held == held
-    assert ref.export == sum(t.rows * t.dim * 4 for t in plan.tables)
     item = plan.table("item")  # the largest table: 20,000 x 32
+    # the export streams table by table: the largest one in fp32, not the model
+    assert ref.export == item.rows * item.dim * 4 < sum(t.rows * t.dim * 4 for t in plan.tables)
+    machine = host_memory.host_need(plan, [0, 1], export=True)
+    assert machine.export == 2 * item.rows * item.dim * 4  # every rank gathers it
     assert ref.init == item.rows * 8 + item.rows * item.dim * 4
     every = host_memory.host_need(plan, [0, 1, 2, 3], export=False)
     assert every.held == sum(plan.memory_by_rank())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from embark_runtime.plan import PlanError, check_complete, parse_plan
 from embarkc.diagnostics import EmbarkError
-from embarkc.frontend import load_program
+from embarkc.frontend import load_program, load_program_text
 from embarkc.planner import check_against_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +91,74 @@ def test_every_deleted_key_is_refused_by_name_or_optional() -> None:
     assert unnamed == [], f"refused without naming the key: {unnamed[:5]}"
 
 
+def _check_and_compile(folder: Path, spec: str) -> list[str]:
+    """The stderr of `embarkc check plan.json` and `compile SPEC --plan plan.json` in
+    `folder`, each of which must refuse the plan (exit 2, no traceback, nothing written)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    errors = []
+    for argv in (["check", "plan.json"], ["compile", spec, "--plan", "plan.json", "-o", "out"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "embarkc.cli", *argv],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 2, run.stderr
+        assert "Traceback" not in run.stderr
+        errors.append(run.stderr)
+    assert not (folder / "out").exists()
+    return errors
+
+
+def _columned() -> tuple[str, dict]:
+    """tiny's spec with `column "bb"` in its last feature, and tiny's plan carrying it, as
+    `embarkc plan` writes it (features[].column only where the spec sets it)."""
+    text = (ROOT / "specs/tiny.embark").read_text()
+    text = text.replace("feature brand_bought {", 'feature brand_bought {\n  column "bb"', 1)
+    data = json.loads(TINY_PLAN.read_text())
+    assert data["features"][6]["name"] == "brand_bought"
+    data["features"][6]["column"] = "bb"
+    return text, data
+
+
+def test_a_spec_column_missing_from_or_differing_in_its_plan_is_refused_by_name() -> None:
+    text, data = _columned()
+    program = load_program_text(text, str(ROOT / "specs/columned.embark"))
+    assert _refusal(program, data) is None
+    message = _refusal(program, _without(data, ("features", 6, "column")))
+    assert message is not None
+    assert "`features.6.column`" in message and "missing" in message
+    other = copy.deepcopy(data)
+    other["features"][6]["column"] = "brand_bought"
+    message = _refusal(program, other)
+    assert message is not None
+    assert "`features.6.column`" in message and '"brand_bought"' in message
+    assert 'the spec says "bb"' in message
+
+
+def test_a_spec_without_columns_keeps_plans_without_them_and_refuses_one_given() -> None:
+    program = load_program(str(ROOT / "specs/tiny.embark"))
+    data = json.loads(TINY_PLAN.read_text())
+    assert all("column" not in f for f in data["features"])
+    assert _refusal(program, data) is None
+    data["features"][2]["column"] = "cat"
+    message = _refusal(program, data)
+    assert message is not None
+    assert "`features.2.column`" in message and "the spec says none" in message
+
+
+def test_check_and_compile_refuse_a_plan_lacking_the_spec_column(tmp_path: Path) -> None:
+    text, data = _columned()
+    spec = tmp_path / "columned.embark"
+    spec.write_text(text)
+    data["source"] = {"spec": spec.name, "sha256": hashlib.sha256(spec.read_bytes()).hexdigest()}
+    del data["features"][6]["column"]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    for err in _check_and_compile(tmp_path, spec.name):
+        assert "invalid plan (complete)" in err and "`features.6.column`" in err
+
+
 def test_the_message_names_the_field_and_what_to_do() -> None:
     program = load_program(str(ROOT / "specs/tiny.embark"))
     data = json.loads(TINY_PLAN.read_text())
@@ -121,19 +190,5 @@ def test_check_and_compile_refuse_a_plan_with_a_deleted_key(tmp_path: Path) -> N
     data["source"]["spec"] = "tiny.embark"
     del data["topology"]["arch"]
     (tmp_path / "plan.json").write_text(json.dumps(data))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for argv in (
-        ["check", "plan.json"],
-        ["compile", "tiny.embark", "--plan", "plan.json", "-o", "out"],
-    ):
-        run = subprocess.run(
-            [sys.executable, "-m", "embarkc.cli", *argv],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        assert run.returncode == 2, run.stderr
-        assert "`topology.arch`" in run.stderr
-        assert "Traceback" not in run.stderr
-    assert not (tmp_path / "out").exists()
+    for err in _check_and_compile(tmp_path, "tiny.embark"):
+        assert "`topology.arch`" in err

@@ -17,14 +17,16 @@ THE RULES (the `rule` field of a Violation)
   (`embark_runtime.plan.validate_rules`); when one is broken nothing else is checked,
   because the other rules assume a well-formed plan.
 * `complete`: the plan file gives every field the spec determines
-  (`embark_runtime.plan.missing_fields`; docs/plan.md lists those it may leave out), so
-  that no reader falls back on a model's default where the spec says otherwise.
+  (`embark_runtime.plan.missing_fields`, and each feature's `column` the spec sets;
+  docs/plan.md lists those it may leave out), so that no reader falls back on a model's
+  default where the spec says otherwise.
 * `matches-program`: the plan describes the program: the same topology, global batch,
   row partition, tables (rows, dim, dtype, optimizer) and features (table, hotness,
   pooling, access), in the same order; and where the plan gives them, the fields of
   embarkc's own that the spec determines: topology.arch and dense_flops, every table's
   optimizer_params and init, every feature's max_hotness, fixed and weighted, the dense
-  `model` and the `seed`.
+  `model` and the `seed`; a feature's `column` where either gives it (a plan lacking
+  the spec's column breaks `complete`).
 * `memory`: the weights and optimizer state on every rank fit in `hbm_bytes` minus the
   spec's `memory_headroom`; a host-tier cell counts its HBM cache (cache_rows x (dim x
   dtype bytes + optimizer state)), not its rows.
@@ -144,7 +146,7 @@ def check_plan(
     bad = validate_plan(program, plan, constraints=constraints)
     try:
         if complete:
-            check_complete(plan, path)
+            check_complete(plan, path, unwritten=_unwritten(program, plan))
     except PlanError as e:
         bad.insert(0, Violation(e.rule, e.message))
     if bad:
@@ -153,6 +155,19 @@ def check_plan(
         )
     if estimate:
         print_warnings(estimate_warnings(program, plan, path))
+
+
+def _unwritten(program: Program, plan: Plan) -> list[str]:
+    """Dotted paths of the fields a plan writes only when its spec sets them
+    (docs/plan.md) that `program` sets and `plan` lacks: each feature's `column` (without
+    it the trainer would read the column named as the feature)."""
+    if [f.name for f in program.features] != [f.name for f in plan.features]:
+        return []  # `matches-program` says how the features differ
+    return [
+        f"features.{i}.column"
+        for i, (f, p) in enumerate(zip(program.features, plan.features, strict=True))
+        if f.column is not None and "column" not in p.model_fields_set
+    ]
 
 
 # --------------------------------------------------------------------------- rules
@@ -250,7 +265,7 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
     if what:
         bad(f"the plan's features are not the spec's: {what}")
     else:
-        for f, p in zip(program.features, plan.features, strict=True):
+        for i, (f, p) in enumerate(zip(program.features, plan.features, strict=True)):
             if f.table != p.table:
                 bad(f"feature `{f.name}` reads `{p.table}`, the spec says `{f.table}`", f.table)
             if not _close(f.hotness, p.hotness):
@@ -262,6 +277,14 @@ def _matches_program(program: Program, plan: Plan) -> list[Violation]:
             for name in ("max_hotness", "fixed", "weighted"):
                 if name in p.model_fields_set:
                     differ(f"feature `{f.name}` {name}", getattr(p, name), getattr(f, name))
+            # written only when the spec sets it; a plan lacking it is `complete`'s
+            if "column" in p.model_fields_set and p.column != f.column:
+                named = f'"{f.column}"' if f.column is not None else "none (its own name)"
+                given = f'"{p.column}"' if p.column is not None else "null"
+                bad(
+                    f"feature `{f.name}` column (`features.{i}.column`) is {given}, "
+                    f"the spec says {named}"
+                )
     own = plan.model_extra or {}
     if own.get("model") is not None:
         want = without_spans(program.model.model_dump(mode="json"))
