@@ -21,36 +21,9 @@ capacity, not the cell's rows (a paper table's row shard may hold a billion rows
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import numpy as np
 
-STAT_NAMES = ("lookups", "hits", "misses", "fetches", "evictions", "writebacks", "host_reads")
-"""The counters, as `embark_runtime.cache.STAT_NAMES` names them (docs/host_tier.md)."""
-
-
-@dataclass
-class ReplayStats:
-    """Counters of one cache (or a sum of caches), in rows; `RowCache`'s `CacheStats`."""
-
-    lookups: int = 0
-    hits: int = 0
-    misses: int = 0
-    fetches: int = 0
-    evictions: int = 0
-    writebacks: int = 0
-    host_reads: int = 0
-
-    def add(self, other: ReplayStats) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def as_dict(self) -> dict[str, int]:
-        return {n: getattr(self, n) for n in STAT_NAMES}
-
-    @property
-    def hit_rate(self) -> float | None:
-        return self.hits / self.lookups if self.lookups else None
+from embark_runtime.cache_stats import CacheStats
 
 
 class LruReplay:
@@ -64,7 +37,7 @@ class LruReplay:
         self.last_use = np.full(capacity, -1, dtype=np.int64)
         self.dirty = np.zeros(capacity, dtype=bool)
         self.clock = 0
-        self.stats = ReplayStats()
+        self.stats = CacheStats()
         """Counters since the start."""
 
     def slots_of(self, rows: np.ndarray) -> np.ndarray:
@@ -76,13 +49,13 @@ class LruReplay:
         pos = np.minimum(np.searchsorted(held, rows), self.capacity - 1)
         return np.where(held[pos] == rows, order[pos], -1)
 
-    def step(self, rows: np.ndarray, counts: np.ndarray | None = None) -> ReplayStats:
+    def step(self, rows: np.ndarray, counts: np.ndarray | None = None) -> CacheStats:
         """Admit one step's distinct local `rows` (`counts[i]`: reads of rows[i]) and
         update them; the step's counters (also added to `stats`)."""
         rows = np.asarray(rows, dtype=np.int64)
         self.clock += 1
         n = len(rows)
-        st = ReplayStats(lookups=n)
+        st = CacheStats(lookups=n)
         slots = self.slots_of(rows)
         hit = slots >= 0
         st.hits = int(hit.sum())

@@ -95,12 +95,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from embark_runtime.cache_stats import CacheStats
 from embark_runtime.dtypes import DTYPE_BYTES
 from embark_runtime.formatting import format_bytes
 from embark_runtime.keys import local_row, row_shard_of
 from embark_runtime.plan import Plan, PlanTable
 from embark_runtime.synthetic import Bag, Batch, SyntheticData
-from embarkc.cache_replay import LruReplay, ReplayStats
+from embarkc.cache_replay import LruReplay
 from embarkc.dense import DenseShape, prefetch_window
 from embarkc.planner import constants as K
 
@@ -171,7 +172,7 @@ class SimResult:
     """Components of the critical rank, seconds."""
     dense_allreduce_time: float = 0.0
     """The dense model's gradient all-reduce (the same for every plan; not in step_time)."""
-    host_tier: dict[str, ReplayStats] = field(default_factory=dict)
+    host_tier: dict[str, CacheStats] = field(default_factory=dict)
     """Host tier: per table with host-tier cells, its caches' counters summed over its
     host-tier cells and over the steps, from cold caches (`embarkc.cache_replay`)."""
 
@@ -451,9 +452,9 @@ class _Acc:
     hbm: np.ndarray
     host_in: np.ndarray = field(default_factory=lambda: np.zeros(0))
     host_out: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    cache: dict[str, ReplayStats] = field(default_factory=dict)
+    cache: dict[str, CacheStats] = field(default_factory=dict)
     """per table with host-tier cells: this step's counters, summed over those cells"""
-    replayed: dict[tuple, ReplayStats] = field(default_factory=dict)
+    replayed: dict[tuple, CacheStats] = field(default_factory=dict)
     """this step's counters of each replayed cache (cells of one row shard and cache size
     see the same rows: one replay serves them all)"""
 
@@ -665,7 +666,7 @@ class _StepCounter:
             pairs = np.unique(rank_of * t.rows + keys)
             req, keys = pairs // t.rows, pairs % t.rows
         shard = row_shard_of(keys, t.rows, r, plan.row_partition) if r > 1 else None
-        st = acc.cache.setdefault(t.name, ReplayStats())
+        st = acc.cache.setdefault(t.name, CacheStats())
         row_bytes = {}
         for s in cells:
             if not s.on_host:
@@ -1032,7 +1033,7 @@ class _Totals:
         self.recv = {gr: {lk: np.zeros(w_) for lk in LINKS} for gr in PHASES}
         self.ids, self.distinct, self.hbm = np.zeros(w_), np.zeros(w_), np.zeros(w_)
         self.host_in, self.host_out = np.zeros(w_), np.zeros(w_)
-        self.cache: dict[str, ReplayStats] = {}
+        self.cache: dict[str, CacheStats] = {}
         self.step_times: list[float] = []
 
     def add(self, acc: _Acc, batches: int) -> None:
@@ -1052,7 +1053,7 @@ class _Totals:
         self.host_in += acc.host_in / batches
         self.host_out += acc.host_out / batches
         for name, st in acc.cache.items():
-            self.cache.setdefault(name, ReplayStats()).add(st)
+            self.cache.setdefault(name, CacheStats()).add(st)
         ring = ring_seconds(plan, sent["ring"])
         window = key_window(plan)
         link = np.maximum(acc.host_in, acc.host_out)
@@ -1169,7 +1170,7 @@ class HostTierRow:
     """One table's host-tier caches: counted against the planner's expectations."""
 
     table: str
-    counted: ReplayStats
+    counted: CacheStats
     """summed over its host-tier cells and the simulated steps, from cold caches"""
     cold_lookups: float | None = None
     """the cache model's distinct rows over the same cells and steps (None: no program)"""

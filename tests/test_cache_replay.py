@@ -12,7 +12,6 @@ import torch
 from embark_runtime.cache import STAT_NAMES, RowCache
 from embark_runtime.kernels import TorchKernels
 from embark_runtime.optim import new_state
-from embarkc import cache_replay
 from embarkc.cache_replay import LruReplay
 
 KERNELS = TorchKernels(torch.float64)
@@ -26,10 +25,6 @@ def _row_cache(rows: int, capacity: int) -> RowCache:
     weight = torch.zeros(rows, 2, dtype=torch.float32)
     params = SimpleNamespace(initial_accumulator=0.1)
     return RowCache(weight, new_state("sgd", rows, 2, params, "cpu"), capacity, "cpu")
-
-
-def test_the_counter_names_are_the_runtimes():
-    assert cache_replay.STAT_NAMES == STAT_NAMES
 
 
 @pytest.mark.parametrize("capacity", [0, 1, 3, 17, 60, 200])

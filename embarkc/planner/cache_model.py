@@ -51,9 +51,6 @@ LOG_STEPS = np.arange(-3 * STEPS_PER_DECADE, 7 * STEPS_PER_DECADE + 1) / STEPS_P
 """log10 of the step counts at which `D` is tabulated (1e-3 to 1e7 steps)."""
 STEPS = 10.0**LOG_STEPS
 
-_TAIL_POINTS = 257
-"""Points of the log-spaced trapezoid rule over a zipf tail (as the cost model's)."""
-
 
 def _miss_prob(p: np.ndarray) -> np.ndarray:
     """log(1 - p), accurate for tiny p."""
@@ -104,17 +101,15 @@ def _tail_integral(
     lo: np.ndarray, hi: np.ndarray, alpha: float, z: float, fn: Callable[[np.ndarray], np.ndarray]
 ) -> np.ndarray:
     """Integral over ranks t in [lo, hi] of fn(log(1 - t^-alpha / z)), per interval (0
-    where empty)."""
+    where empty), by the cost model's rule for zipf tails."""
+    from embarkc.planner.cost import tail_grid, tail_sum
+
     out = np.zeros(len(lo))
     ok = hi > lo
     if not ok.any():
         return out
-    ulo, uhi = np.log(lo[ok]), np.log(hi[ok])
-    u = ulo[:, None] + (uhi - ulo)[:, None] * np.linspace(0.0, 1.0, _TAIL_POINTS)[None, :]
-    t = np.exp(u)
-    f = fn(_miss_prob(t ** (-alpha) / z)) * t
-    du = (uhi - ulo) / (_TAIL_POINTS - 1)
-    out[ok] = (f[:, :-1] + f[:, 1:]).sum(axis=1) * 0.5 * du
+    t, p, du = tail_grid(lo[ok], hi[ok], alpha, z)
+    out[ok] = tail_sum(fn(_miss_prob(p)) * t, du)
     return out
 
 

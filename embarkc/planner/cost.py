@@ -93,15 +93,27 @@ def _zipf_tail_distinct(
     ok = hi > lo
     if not ok.any():
         return out
-    ulo, uhi = np.log(lo[ok]), np.log(hi[ok])
+    t, p, du = tail_grid(lo[ok], hi[ok], alpha, z)
+    for i, n in enumerate(ns):
+        out[i, ok] = tail_sum(_distinct(p, n) * t, du)
+    return out
+
+
+def tail_grid(
+    lo: np.ndarray, hi: np.ndarray, alpha: float, z: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points of the trapezoid rule over ranks [lo, hi] of a zipf tail, log-spaced
+    (`_TAIL_POINTS` an interval): the ranks t, their probabilities t^-alpha / z and the
+    step in log t, per interval."""
+    ulo, uhi = np.log(lo), np.log(hi)
     u = ulo[:, None] + (uhi - ulo)[:, None] * np.linspace(0.0, 1.0, _TAIL_POINTS)[None, :]
     t = np.exp(u)
-    p = t ** (-alpha) / z
-    du = (uhi - ulo) / (_TAIL_POINTS - 1)
-    for i, n in enumerate(ns):
-        f = _distinct(p, n) * t
-        out[i, ok] = (f[:, :-1] + f[:, 1:]).sum(axis=1) * 0.5 * du
-    return out
+    return t, t ** (-alpha) / z, (uhi - ulo) / (_TAIL_POINTS - 1)
+
+
+def tail_sum(f: np.ndarray, du: np.ndarray) -> np.ndarray:
+    """The trapezoid rule of `tail_grid`: f (an integrand times t) summed in log t."""
+    return (f[:, :-1] + f[:, 1:]).sum(axis=1) * 0.5 * du  # type: ignore[no-any-return]
 
 
 def shard_rows(rows: int, r: int, partition: str) -> np.ndarray:
