@@ -727,10 +727,9 @@ def test_a_grid_option_of_one_row_shard_keeps_the_specs_hierarchical_rb():
     assert {c.communication for c in plan.clusters if c.kind == "rb"} == {"hierarchical"}
 
 
-def _scripted_refine(monkeypatch, statuses: list[str]) -> Any:
-    """`refine` on DCNv2 at 4 x 8 GPUs (a neighbourhood search) whose solves return
-    `statuses` in turn, none with a better plan, each at a tenth of its deterministic
-    limit."""
+def _scripted_refine(monkeypatch, cm: CostModel, g: Any, statuses: list[str]) -> Any:
+    """`refine` of `g` whose solves return `statuses` in turn, none with a better plan,
+    each at a tenth of its deterministic limit."""
     from embarkc.planner import cpsat
 
     left = iter(statuses)
@@ -739,8 +738,7 @@ def _scripted_refine(monkeypatch, statuses: list[str]) -> Any:
         return next(left), {}, 0.0, 0.0, time_limit / 10
 
     monkeypatch.setattr(cpsat._Refiner, "step", step)
-    cm = CostModel(program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4))
-    return refine(cm, greedy(cm), time_limit=1000.0, seed=0)
+    return refine(cm, g, time_limit=1000.0, seed=0)
 
 
 def test_the_search_stops_after_its_neighbourhoods_end_at_their_limit_in_a_row(monkeypatch):
@@ -749,15 +747,19 @@ def test_the_search_stops_after_its_neighbourhoods_end_at_their_limit_in_a_row(m
     towards growing them instead), and so does one that is proven infeasible."""
     from embarkc.planner import cpsat
 
+    cm = CostModel(program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4))
+    g = greedy(cm)  # DCNv2 at 4 x 8 GPUs: a neighbourhood search
     k = cpsat.LNS_AT_LIMIT
-    r = _scripted_refine(monkeypatch, ["feasible"] * (k - 1) + ["unknown"] + ["feasible"] * 99)
+    r = _scripted_refine(
+        monkeypatch, cm, g, ["feasible"] * (k - 1) + ["unknown"] + ["feasible"] * 99
+    )
     assert (r.neighbourhoods, r.stopped, r.status) == (k, "at-limit", "greedy")
     assert f"{k} neighbourhoods, 0 improved the step time; stopped: {k} neighbourhoods" in r.message
     runs = ["feasible"] * (k - 1) + ["optimal"] + ["feasible"] * (k - 1) + ["infeasible"]
-    r = _scripted_refine(monkeypatch, runs + ["feasible"] * 99)
+    r = _scripted_refine(monkeypatch, cm, g, runs + ["feasible"] * 99)
     assert (r.neighbourhoods, r.stopped) == (len(runs) + k, "at-limit")
     # proven neighbourhoods alone stop at LNS_STALL (after growing)
-    r = _scripted_refine(monkeypatch, ["optimal"] * 99)
+    r = _scripted_refine(monkeypatch, cm, g, ["optimal"] * 99)
     assert (r.neighbourhoods, r.stopped) == (cpsat.LNS_STALL, "stall")
 
 

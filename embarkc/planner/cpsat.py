@@ -198,10 +198,10 @@ LNS_AT_LIMIT = 4
 (CP-SAT's status feasible or unknown: it neither found a faster plan nor proved there is
 none) after which the search stops. A neighbourhood proven to hold nothing faster ends
 the run: it counts towards growing them (GROW_AFTER), and proven ones are cheap. CP-SAT
-at the plan command's default 30 s, 2026-12-07 (bench/RESULTS.md): T510 at 16 x 8 GPUs
+at the plan command's default 30 s, 2026-12-08 (bench/RESULTS.md): T510 at 16 x 8 GPUs
 ran 10 neighbourhoods to their limit without a better plan (0 kept); T200 there kept 3
 of 8, at most 3 in a row at the limit between them; T180 on one node found its last
-gain after 7 in a row (36.9967 -> 36.9944 ms before the phase pass, which 4 gives up);
+gain after 7 in a row (36.9967 -> 36.9944 ms, which 4 gives up: 1.00006x the step time);
 DCNv2 at 16 x 8 went 13 neighbourhoods without a better plan, 4 of them at the limit and
 never more than 1 in a row, before its neighbourhoods grew and gained 0.25 %. So 4
 keeps every other gain at 16, 4 and 1 x 8 GPUs and stops T510 after 4 neighbourhoods;
