@@ -106,11 +106,9 @@ def _ratio(baseline: float, best: float) -> str:
     return "n/a" if baseline != baseline else f"{baseline / best:.2f}x"
 
 
-def _plan_command(spec: Path, limit: float | None, out: Path) -> str:
-    """One `embarkc plan` process: a markdown cell of what it planned and took."""
-    cmd = [sys.executable, "-m", "embarkc.cli", "plan", str(spec), "-o", str(out)]
-    if limit is not None:
-        cmd += ["--time-limit", f"{limit:g}"]
+def timed_process(cmd: list[str]) -> tuple[str, float, resource.struct_rusage]:
+    """`cmd` run as a process of its own: its output (stdout and stderr), its wall seconds
+    and its resource usage (CPU seconds, peak RSS); a failure exits with its output."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     text = proc.stdout.read() if proc.stdout else ""
@@ -118,6 +116,15 @@ def _plan_command(spec: Path, limit: float | None, out: Path) -> str:
     wall = time.perf_counter() - t
     if status != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{text}")
+    return text, wall, usage
+
+
+def _plan_command(spec: Path, limit: float | None, out: Path) -> str:
+    """One `embarkc plan` process: a markdown cell of what it planned and took."""
+    cmd = [sys.executable, "-m", "embarkc.cli", "plan", str(spec), "-o", str(out)]
+    if limit is not None:
+        cmd += ["--time-limit", f"{limit:g}"]
+    text, wall, usage = timed_process(cmd)
     step = re.search(r"step time ([0-9.]+) ms", text)
     planner = re.search(r"wall time ([0-9.]+) s", text)
     notes = [

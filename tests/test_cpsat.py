@@ -4,6 +4,7 @@ and never returns a plan slower than greedy's."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from embarkc.planner.cpsat import WHOLE_RANKS, decision_of, refine
 from embarkc.planner.search.place import Decision
 from embarkc.planner.search.runs import greedy
 from embarkc.workload import program_from_workload
-from tests.conftest import SHARED, keys_in_full
+from tests.conftest import ROOT, SHARED, keys_in_full
 
 
 def _crafted() -> Program:
@@ -724,3 +725,93 @@ def test_a_grid_option_of_one_row_shard_keeps_the_specs_hierarchical_rb():
     # the whole command: the refined plan passes the checker (plan_program asserts it)
     plan = plan_program(spec("hierarchical"), solver="cp-sat", time_limit=1.5, baselines=False)
     assert {c.communication for c in plan.clusters if c.kind == "rb"} == {"hierarchical"}
+
+
+def _scripted_refine(monkeypatch, cm: CostModel, g: Any, statuses: list[str]) -> Any:
+    """`refine` of `g` whose solves return `statuses` in turn, none with a better plan,
+    each at a tenth of its deterministic limit."""
+    from embarkc.planner import cpsat
+
+    left = iter(statuses)
+
+    def step(self, ranks_f, free_units, partial_units, time_limit, seed):
+        return next(left), {}, 0.0, 0.0, time_limit / 10
+
+    monkeypatch.setattr(cpsat._Refiner, "step", step)
+    return refine(cm, g, time_limit=1000.0, seed=0)
+
+
+def test_the_search_stops_after_its_neighbourhoods_end_at_their_limit_in_a_row(monkeypatch):
+    """LNS_AT_LIMIT neighbourhoods in a row that end at their limit without a better plan
+    stop the search; a neighbourhood proven to hold nothing faster ends the run (it counts
+    towards growing them instead), and so does one that is proven infeasible."""
+    from embarkc.planner import cpsat
+
+    cm = CostModel(program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4))
+    g = greedy(cm)  # DCNv2 at 4 x 8 GPUs: a neighbourhood search
+    k = cpsat.LNS_AT_LIMIT
+    r = _scripted_refine(
+        monkeypatch, cm, g, ["feasible"] * (k - 1) + ["unknown"] + ["feasible"] * 99
+    )
+    assert (r.neighbourhoods, r.stopped, r.status) == (k, "at-limit", "greedy")
+    assert f"{k} neighbourhoods, 0 improved the step time; stopped: {k} neighbourhoods" in r.message
+    runs = ["feasible"] * (k - 1) + ["optimal"] + ["feasible"] * (k - 1) + ["infeasible"]
+    r = _scripted_refine(monkeypatch, cm, g, runs + ["feasible"] * 99)
+    assert (r.neighbourhoods, r.stopped) == (len(runs) + k, "at-limit")
+    # proven neighbourhoods alone stop at LNS_STALL (after growing)
+    r = _scripted_refine(monkeypatch, cm, g, ["optimal"] * 99)
+    assert (r.neighbourhoods, r.stopped) == (cpsat.LNS_STALL, "stall")
+
+
+def test_a_whole_program_solve_at_its_limit_is_solved_again_with_twice_the_limit(monkeypatch):
+    """The whole-program model is one model, not a neighbourhood: a solve that ends at its
+    limit without a better plan is repeated with twice the limit until the time limit is
+    spent, whatever LNS_AT_LIMIT says."""
+    from embarkc.planner import cpsat
+
+    limits: list[float] = []
+
+    def step(self, ranks_f, free_units, partial_units, time_limit, seed):
+        limits.append(time_limit)
+        return "feasible", {}, 0.0, 0.0, time_limit
+
+    monkeypatch.setattr(cpsat._Refiner, "step", step)
+    cm = CostModel(_crafted())
+    r = refine(cm, greedy(cm, max_iterations=0), time_limit=300.0, seed=0)
+    assert cm.W <= WHOLE_RANKS and r.stopped == "limit"
+    assert r.neighbourhoods == len(limits) > cpsat.LNS_AT_LIMIT
+    assert limits[1] == 2 * limits[0] and limits[2] == 2 * limits[1]
+
+
+def test_a_search_that_finds_nothing_stops_when_it_stalls_not_at_its_limit(monkeypatch):
+    """DCNv2 at 4 x 8 GPUs: CP-SAT finds nothing faster than the greedy plan, every
+    neighbourhood ending at its limit. The search stops after LNS_AT_LIMIT of them, with
+    the plan it keeps either way; with the old rule alone (LNS_STALL) it ran to its limit."""
+    from embarkc.planner import cpsat
+
+    prog = program_from_workload(SHARED / "workloads" / "dcnv2.json", nodes=4)
+    cm = CostModel(prog)
+    g = greedy(cm)
+    k = cpsat.LNS_AT_LIMIT
+    r = refine(cm, g, time_limit=14.0, seed=0)
+    assert (r.neighbourhoods, r.stopped, r.status) == (k, "at-limit", "greedy")
+    assert r.layout == g.layout
+    monkeypatch.setattr(cpsat, "LNS_AT_LIMIT", 1 << 30)
+    old = refine(CostModel(prog), greedy(CostModel(prog)), time_limit=14.0, seed=0)
+    assert old.stopped == "limit" and old.neighbourhoods > k
+    assert old.layout == g.layout and r.deterministic_time < old.deterministic_time
+
+
+def test_a_search_that_improves_goes_on_and_the_plan_says_why_it_stopped():
+    """DCNv2 at 16 x 8 GPUs, the paper spec's own options: CP-SAT improves the greedy plan
+    after 13 neighbourhoods without a better one (4 at their limit, never more than 1 in a
+    row), when its proven ones have grown the neighbourhoods; it runs to its limit. The plan
+    records how many it ran and why it stopped, and its message says so."""
+    from embarkc.frontend import load_program
+
+    plan = plan_program(load_program(ROOT / "specs" / "paper" / "dcnv2.embark"))
+    extra = plan.planner.model_extra or {}
+    assert plan.planner.status == "feasible"
+    assert plan.estimate.step_time < extra["greedy_step_time"] * (1 - 1e-3)
+    assert extra["stopped"] == "limit" and extra["neighbourhoods"] == 24
+    assert "24 neighbourhoods, 6 improved the step time; stopped: its share" in extra["message"]

@@ -35,7 +35,8 @@ OPTIONAL = [
     r"|layout_sha256|figures_sha256|per_table)(\..*)?",
     r"estimate\.per_rank\.\d+\.(components|memory)(\..*)?",
     r"planner\.(objective|bound|lower_bound|greedy_step_time|baselines|message"
-    r"|ignored_constraints|fixed_strategy|kicked_from|fixed_start)(\..*)?",
+    r"|ignored_constraints|fixed_strategy|kicked_from|fixed_start|neighbourhoods|stopped)"
+    r"(\..*)?",
     r"clusters\.\d+\.gradient_exchange",
 ]
 

@@ -80,6 +80,13 @@ keep their grid, and their cells on the free ranks may move among them. When CP-
 has proven GROW_AFTER neighbourhoods in a row to hold nothing faster, the neighbourhoods
 double (ranks and units, up to MAX_SCALE times). Small programs are solved whole (every
 unit, every rank).
+The search stops when it stalls: after LNS_AT_LIMIT neighbourhoods in a row that end at
+their deterministic limit without a better plan (CP-SAT found nothing faster there and
+could not prove there is nothing; a proven neighbourhood ends the run, as it counts
+towards growing them), or after LNS_STALL neighbourhoods of any kind without one. Both
+are counts of neighbourhoods and their solvers' statuses at a deterministic limit, so
+the stop, like the plan, does not depend on the clock. A whole-program model is not a
+neighbourhood: the first rule leaves it to its doubling limits.
 Each solve uses one worker and `max_deterministic_time`. The time limit is spent in a
 deterministic count of work: every neighbourhood costs its solver's deterministic time
 and the size of its model, at the CPU seconds they took on the development machine
@@ -183,7 +190,23 @@ MAX_SCALE = 4
 """Most times the first size a neighbourhood grows to (64 ranks, 128 units)."""
 
 LNS_STALL = 40
-"""Consecutive non-improving neighbourhoods after which the search stops early."""
+"""Consecutive neighbourhoods without a better plan (of any status) after which the
+search stops."""
+
+LNS_AT_LIMIT = 4
+"""Consecutive neighbourhoods that end at their deterministic limit without a better plan
+(CP-SAT's status feasible or unknown: it neither found a faster plan nor proved there is
+none) after which the search stops. A neighbourhood proven to hold nothing faster ends
+the run: it counts towards growing them (GROW_AFTER), and proven ones are cheap. CP-SAT
+at the plan command's default 30 s, 2026-12-08 (bench/RESULTS.md): T510 at 16 x 8 GPUs
+ran 10 neighbourhoods to their limit without a better plan (0 kept); T200 there kept 3
+of 8, at most 3 in a row at the limit between them; T180 on one node found its last
+gain after 7 in a row (36.9967 -> 36.9944 ms, which 4 gives up: 1.00006x the step time);
+DCNv2 at 16 x 8 went 13 neighbourhoods without a better plan, 4 of them at the limit and
+never more than 1 in a row, before its neighbourhoods grew and gained 0.25 %. So 4
+keeps every other gain at 16, 4 and 1 x 8 GPUs and stops T510 after 4 neighbourhoods;
+counting every neighbourhood without a better plan, any count that kept DCNv2's gain
+(14 or more) would have let T510 run to its limit."""
 
 SECONDS_PER_DET = 7.0
 """CPU seconds per deterministic second of CP-SAT's search (without presolve) on the
@@ -241,6 +264,22 @@ class RefineResult:
     """The work the search counted against its time limit (seconds; see the module
     docstring): deterministic, unlike the clock."""
     message: str
+    neighbourhoods: int = 0
+    """Neighbourhoods (or whole-program solves) the search ran."""
+    stopped: str = "nothing"
+    """Why the search stopped (`STOPS`)."""
+
+
+STOPS = {
+    "nothing": "nothing to refine",
+    "limit": "its share of the time limit spent",
+    "at-limit": f"{LNS_AT_LIMIT} neighbourhoods in a row at their deterministic limit without a "
+    "better plan",
+    "stall": f"{LNS_STALL} neighbourhoods in a row without a better plan",
+    "proven": "CP-SAT proved that the whole-program model holds nothing faster",
+}
+"""Why the refinement stopped (`RefineResult.stopped`, the plan's `planner.stopped`), in
+the words its message gives."""
 
 
 @dataclass
@@ -777,10 +816,17 @@ def refine(
     cur_norm = _norm(ref.times)
     per_step = min(time_limit / 4, WHOLE_STEP_DET) if whole else LNS_STEP_DET
     spent = 0.0
-    steps = improved = stall = proven = 0
+    steps = improved = stall = proven = at_limit = 0
     scale = 1
     last: tuple[str, float, float] | None = None
-    while spent < time_limit - 1e-9 and stall < LNS_STALL:
+    stopped = "limit"
+    while spent < time_limit - 1e-9:
+        if stall >= LNS_STALL:
+            stopped = "stall"
+            break
+        if at_limit >= LNS_AT_LIMIT:
+            stopped = "at-limit"
+            break
         # the two kinds of neighbourhood alternate: around the critical rank alone, and
         # around it with others of the plateau
         ranks_f, free_units, partial_units = ref.neighbourhood(rng, whole, steps % 2 == 1, scale)
@@ -816,7 +862,7 @@ def refine(
             ):
                 better = True
                 ref.accept(free_units, chosen, st, times)
-                cur_norm, stall = norm, 0
+                cur_norm, stall, at_limit = norm, 0, 0
                 last = (status if whole else "feasible", obj, bound)
                 if float(times.max()) < best_t * (1 - 1e-9):
                     best_t, best_layout = float(times.max()), dict(ref.layout)
@@ -824,6 +870,10 @@ def refine(
         if not better:
             stall += 1
             proven = proven + 1 if status == "optimal" else 0
+            # a neighbourhood proven to hold nothing faster (infeasible: not even the hint,
+            # which only rounding can cause) ends the run at the limit; a whole-program
+            # model is solved again with twice the limit instead
+            at_limit = at_limit + 1 if status in ("feasible", "unknown") and not whole else 0
             if (
                 not whole
                 and proven >= GROW_AFTER
@@ -834,6 +884,7 @@ def refine(
             if whole:
                 if status == "optimal":
                     # the model's best is the current plan: solving it again finds the same
+                    stopped = "proven"
                     break
                 # the solve ended at its limit: give the next one twice as long
                 per_step *= 2.0
@@ -844,9 +895,14 @@ def refine(
     kind = "whole-program model" if whole else "large-neighbourhood search"
     msg = (
         f"cp-sat {kind} over grids and placements ({len(g.units)} units x {cm.W} ranks, "
-        f"{steps} neighbourhoods, {improved} improved the step time)"
+        f"{steps} neighbourhoods, {improved} improved the step time; stopped: "
+        f"{STOPS[stopped]})"
     )
     if last is not None and final_t < g.step_time * (1 - 1e-9):
-        return RefineResult(best_layout, last[0], last[1], min(last[2], last[1]), spent, msg)
+        return RefineResult(
+            best_layout, last[0], last[1], min(last[2], last[1]), spent, msg, steps, stopped
+        )
     obj_b = (last[1], min(last[2], last[1])) if last else (None, None)
-    return RefineResult(g.layout, "greedy", obj_b[0], obj_b[1], spent, msg + "; greedy kept")
+    return RefineResult(
+        g.layout, "greedy", obj_b[0], obj_b[1], spent, msg + "; greedy kept", steps, stopped
+    )

@@ -81,6 +81,8 @@ class SearchRecord:
     objective: float | None = None
     bound: float | None = None
     message: str = ""
+    neighbourhoods: int | None = None
+    stopped: str | None = None
     kicked_from: float | None = None
     fixed_start: str | None = None
     fixed_strategy: str | None = None
@@ -201,6 +203,8 @@ def cpsat_stage(
     record.objective = r.objective
     record.bound = r.bound
     record.message = r.message
+    record.neighbourhoods = r.neighbourhoods
+    record.stopped = r.stopped
     return layout
 
 
