@@ -1223,15 +1223,16 @@ def host_tier_comparison(plan: Plan, result: SimResult, program=None) -> list[Ho
     for name, counted in result.host_tier.items():
         row = HostTierRow(name, counted, steady_hit_rate=steady.get(name))
         if cm is not None and name in cm.facts:
-            from embarkc.planner.cache_model import table_cache
+            from embarkc.planner.cache_model import cell_misses
 
             cells = [s for s in plan.shards if s.table == name and s.on_host]
-            tc = table_cache(cm, cm.facts[name], cells[0].row_shards)
+            tf, r = cm.facts[name], cells[0].row_shards
             j = np.array([s.row_shard for s in cells], dtype=np.intp)
             c = np.array([s.cache_rows or 0 for s in cells], dtype=np.float64)
-            row.cold_lookups = float(tc.lookups()[j].sum()) * result.batches
+            row.cold_lookups = float(cell_misses(cm, tf, r, j, c)[0].sum()) * result.batches
             row.cold_misses = sum(
-                float(tc.misses(j, c, history=t).sum()) for t in range(result.batches)
+                float(cell_misses(cm, tf, r, j, c, history=t)[1].sum())
+                for t in range(result.batches)
             )
         out.append(row)
     return out

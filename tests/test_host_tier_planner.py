@@ -23,7 +23,7 @@ from embark_runtime.plan import dumps_plan, parse_plan
 from embarkc.diagnostics import EmbarkError
 from embarkc.frontend import load_program_text
 from embarkc.planner import plan_program
-from embarkc.planner.cache_model import table_cache
+from embarkc.planner.cache_model import cell_misses, table_cache
 from embarkc.planner.check import validate_plan
 from embarkc.planner.cost import CostModel, layout_of_plan
 from embarkc.planner.tiers import choose_tiers, grow_caches, materialize
@@ -94,6 +94,9 @@ def test_the_cache_model_predicts_an_lru_cache_of_each_size(table, r, caches) ->
         assert tc.lookups()[0] == pytest.approx(looked, rel=0.01)
         expected = tc.misses(np.array([0]), np.array([float(c)]))[0]
         assert abs(expected - missed) <= 0.02 * looked, (c, expected, missed)
+        # what the cost model uses: a split table's cell as the whole table's cache scaled
+        _, derived = cell_misses(cm, tf, r, np.array([0]), np.array([float(c)]))
+        assert abs(derived[0] - missed) <= 0.03 * looked, (c, derived, missed)
 
 
 def test_a_cold_cache_misses_everything_first_and_reaches_the_steady_state() -> None:

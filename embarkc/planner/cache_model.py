@@ -46,7 +46,7 @@ from embark_runtime import keys as keymod
 if TYPE_CHECKING:
     from embarkc.planner.cost import CostModel, TableFacts
 
-STEPS_PER_DECADE = 16
+STEPS_PER_DECADE = 8
 LOG_STEPS = np.arange(-3 * STEPS_PER_DECADE, 7 * STEPS_PER_DECADE + 1) / STEPS_PER_DECADE
 """log10 of the step counts at which `D` is tabulated (1e-3 to 1e7 steps)."""
 STEPS = 10.0**LOG_STEPS
@@ -85,16 +85,67 @@ class ShardMass:
     def log_miss(self) -> np.ndarray:
         return _miss_prob(self.p)
 
+    @cached_property
+    def tail_points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The tail's trapezoid points (`cost.tail_grid`) per interval (one when "even",
+        one per shard for "blocks"): which intervals are not empty, their ranks t,
+        log(1 - p) there and the steps; None without a tail."""
+        from embarkc.planner.cost import tail_grid
+
+        if self.tail is None:
+            return None
+        _, alpha, z, lo, hi = self.tail[:5]
+        lo, hi = np.atleast_1d(np.asarray(lo, dtype=np.float64)), np.atleast_1d(hi)
+        ok = hi > lo
+        t, p, du = tail_grid(lo[ok], hi[ok], alpha, z)
+        return ok, t, _miss_prob(p), du
+
+    def _tail_total(self, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The tail's sum of fn(log(1 - p)) per shard, shape (r,)."""
+        from embarkc.planner.cost import tail_sum
+
+        pts = self.tail_points
+        assert pts is not None and self.tail is not None
+        ok, t, lm, du = pts
+        part = np.zeros(len(ok))
+        if ok.any():
+            part[ok] = tail_sum(fn(lm) * t, du)
+        if self.tail[0] == "even":
+            return part[0] * self.tail[5]  # type: ignore[no-any-return]
+        return part
+
     def total(self, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """sum over the rows of each row shard of fn(log(1 - p)), shape (r,)."""
         out = np.bincount(self.sh, self.mult * fn(self.log_miss), minlength=self.r)
         if self.tail is None:
             return out
-        if self.tail[0] == "even":
-            _, alpha, z, lo, hi, share = self.tail
-            return out + _tail_integral(np.array([lo]), np.array([hi]), alpha, z, fn)[0] * share
-        _, alpha, z, lo, hi = self.tail
-        return out + _tail_integral(lo, hi, alpha, z, fn)
+        return out + self._tail_total(fn)
+
+    def distinct_many(self, ns: np.ndarray) -> np.ndarray:
+        """Expected distinct rows per row shard among n draws, for every n of `ns` at
+        once: shape (len(ns), r)."""
+        from embarkc.planner.cost import tail_sum
+
+        read = -np.expm1(ns[:, None] * self.log_miss[None, :]) * self.mult[None, :]
+        if self.r == 1:
+            out = read.sum(axis=1)[:, None]
+        else:
+            onehot = np.zeros((len(self.sh), self.r))
+            onehot[np.arange(len(self.sh)), self.sh] = 1.0
+            out = read @ onehot
+        pts = self.tail_points
+        if pts is None or self.tail is None:
+            return out  # type: ignore[no-any-return]
+        ok, t, lm, du = pts
+        for k in np.flatnonzero(ok).tolist():
+            i = int(np.count_nonzero(ok[:k]))
+            f = -np.expm1(ns[:, None] * lm[i][None, :]) * t[i][None, :]
+            part = tail_sum(f, np.full(len(ns), du[i]))
+            if self.tail[0] == "even":
+                out = out + part[:, None] * self.tail[5][None, :]
+            else:
+                out[:, k] += part
+        return out  # type: ignore[no-any-return]
 
 
 def _tail_integral(
@@ -158,6 +209,36 @@ def shard_mass(rows: int, access: tuple[Any, ...], r: int, partition: str, index
             bhi = np.maximum(np.minimum((j + 1) * block, rows) + 0.5, blo)
             tail = ("blocks", alpha, z, blo, bhi)
     return ShardMass(r, w / z, sh, np.ones(k), tail)
+
+
+def ideal_misses(mass: ShardMass, n: float, caches: np.ndarray) -> np.ndarray:
+    """Misses per step of an *ideal* cache of each of `caches` rows of an unsplit table
+    (`mass` of one row shard; `n` draws a step): the hottest rows always held, so a step
+    misses the rows it reads beyond them. A lower bound of the LRU's misses, summed in one
+    pass over the rows by probability (the head exact, a zipf tail integrated): what
+    `tiers.choose_tiers` prices a table's cache sizes by on programs of any size."""
+    assert mass.r == 1
+    order = np.argsort(-mass.p, kind="stable")
+    mult = mass.mult[order]
+    read = _read(_miss_prob(mass.p[order]), n)
+    rows_cum = np.concatenate(([0.0], np.cumsum(mult)))
+    read_cum = np.concatenate(([0.0], np.cumsum(read * mult)))
+    tail = 0.0
+    alpha = z = hi = 0.0
+    if mass.tail is not None:
+        _, alpha, z, lo, hi, _ = mass.tail
+        tail = float(
+            _tail_integral(np.array([lo]), np.array([hi]), alpha, z, partial(_read, n=n))[0]
+        )
+    head_rows = float(rows_cum[-1])
+    c = np.asarray(caches, dtype=np.float64)
+    # within the listed rows the held reads grow linearly over rows of one probability
+    out = read_cum[-1] - np.interp(np.minimum(c, head_rows), rows_cum, read_cum) + tail
+    beyond = c > head_rows
+    if beyond.any() and mass.tail is not None:
+        lo_c = np.minimum(c[beyond] + 0.5, hi)
+        out[beyond] = _tail_integral(lo_c, np.full(len(lo_c), hi), alpha, z, partial(_read, n=n))
+    return np.maximum(out, 0.0)
 
 
 @dataclass(frozen=True)
@@ -233,9 +314,47 @@ def table_cache(cm: CostModel, tf: TableFacts, r: int) -> TableCache:
     rows = shard_rows(tf.rows, r, cm.partition).astype(np.float64)
     curve = np.zeros((len(STEPS), r))
     for mass, n in streams:
-        for s, steps in enumerate(STEPS.tolist()):
-            curve[s] += mass.total(partial(_read, n=n * steps))
+        curve += mass.distinct_many(n * STEPS)
     curve = np.minimum(curve, rows[None, :])
     tc = TableCache(tuple(streams), rows, curve)
     cm.cache_tables[key] = tc
     return tc
+
+
+def spread_evenly(tf: TableFacts, r: int, partition: str) -> bool:
+    """Whether every access distribution of the table spreads its ids evenly over `r`
+    row shards (uniform, zipf with permuted ids, zipf under a mod partition): a row
+    shard's cache then behaves as the whole table's cache scaled to the shard's rows."""
+    if r == 1:
+        return True
+    return all(
+        a[0] == "uniform" or (a[0] == "zipf" and (bool(a[2]) or partition == "mod"))
+        for a, _ in tf.groups
+    )
+
+
+def cell_misses(
+    cm: CostModel,
+    tf: TableFacts,
+    r: int,
+    j: np.ndarray,
+    cache_rows: np.ndarray,
+    history: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows read, expected misses) per step of each cell (row shard `j[i]` of
+    `r`, a cache of `cache_rows[i]` rows; `history` as `TableCache.misses`). Where the
+    ids spread evenly (`spread_evenly`) a cell's cache of C rows of a shard of R_j misses
+    the share of the whole table's misses of a cache of C x rows / R_j that its reads
+    are (its distinct rows over the table's, per step): one `TableCache` per table
+    serves every grid the search tries. Contiguous blocks of sorted ids (zipf under a
+    range partition) and histograms have a `TableCache` per number of row shards."""
+    from embarkc.planner.cost import shard_rows
+
+    lookups = cm.stats(tf, r)[2][j]
+    if not spread_evenly(tf, r, cm.partition):
+        return lookups, table_cache(cm, tf, r).misses(j, cache_rows, history)
+    whole = table_cache(cm, tf, 1)
+    rows = shard_rows(tf.rows, r, cm.partition).astype(np.float64)[j]
+    scaled = np.where(rows > 0, cache_rows * tf.rows / np.maximum(rows, 1.0), 0.0)
+    share = lookups / max(float(whole.lookups()[0]), 1e-300)
+    return lookups, whole.misses(np.zeros(len(j), dtype=np.int64), scaled, history) * share

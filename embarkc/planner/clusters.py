@@ -290,7 +290,9 @@ def check_fits(cm: CostModel, units: list[Unit]) -> None:
     if total <= have:
         # whether the cells and every rank's buffers pack is the search's to say
         return
-    weights = float(sum(t.rows * t.row_weight_bytes for t in prog.tables))
+    weights = float(
+        sum(t.rows * t.row_weight_bytes * cm.tiers.get(t.name, 1.0) for t in prog.tables)
+    )
     state = total - weights
     gpus = math.ceil(total / cm.capacity)
     nodes = math.ceil(gpus / cm.G)

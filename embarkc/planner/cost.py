@@ -682,14 +682,11 @@ class CostModel:
     ) -> dict[str, Any]:
         """The host-tier fields of cells (row shards `j`, widths `w`, rows `rsj`) whose
         caches are `c` rows (-1: in HBM), and the bytes HBM holds of each (`held`)."""
-        from embarkc.planner.cache_model import table_cache
+        from embarkc.planner.cache_model import cell_misses
 
         on_host = c >= 0
-        tc = table_cache(self, tf, r)
-        lookups = tc.lookups()[j]
-        misses = np.zeros(len(j))
-        if on_host.any():
-            misses[on_host] = tc.misses(j[on_host], c[on_host])
+        lookups, misses = cell_misses(self, tf, r, j, np.where(on_host, c, 0.0))
+        misses = np.where(on_host, misses, 0.0)
         weight_row, state_row = tf.cell_bytes(1.0, w)  # type: ignore[arg-type]
         per_row = weight_row + state_row
         # misses beyond the slots the step's hits leave are served from host: their

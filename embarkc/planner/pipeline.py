@@ -31,7 +31,7 @@ from embarkc.diagnostics import Diagnostic, EmbarkError, Span
 from embarkc.ir import Program
 from embarkc.planner import baselines as bl
 from embarkc.planner import tiers
-from embarkc.planner.budget import MAX_PLANNED_GPUS, PlanBudget
+from embarkc.planner.budget import MAX_PLANNED_GPUS, PlanBudget, WorkMeter
 from embarkc.planner.build import build_plan
 from embarkc.planner.clusters import NoFit
 from embarkc.planner.cost import CommandSize, CostModel
@@ -338,7 +338,9 @@ def tiered_plan(
                 f"node's host memory: {problem}",
                 hint="add host_memory or nodes, or make the tables smaller",
             )
-        record.lower_bound = lower_bound(cm, budget.meter).step_time
+        # the bound of every table in HBM, costed aside: the search's meter holds the
+        # tiered model's options (its bound start), not `cm`'s
+        record.lower_bound = lower_bound(cm, WorkMeter(cm.W)).step_time
         estimate = cm.evaluate_layout(layout)
         record.message += tiers.tier_message(estimate, searched, fill)
         plan = build_plan(program, layout, record.as_planner(), estimate)

@@ -38,7 +38,7 @@ import numpy as np
 
 from embark_runtime.formatting import format_bytes
 from embarkc.ir import Program
-from embarkc.planner.cache_model import table_cache
+from embarkc.planner.cache_model import ideal_misses, shard_mass, table_cache
 from embarkc.planner.cost import CostModel, cache_rows_of, shard_rows
 from embarkc.planner.types import Layout, Placement
 
@@ -68,8 +68,8 @@ HOST_FILL = 0.9
 for the placement's imbalance between nodes)."""
 
 
-MAX_CANDIDATES = 512
-"""The largest tables `choose_tiers` costs for host memory, at most."""
+MAX_CANDIDATES = 16384
+"""The largest tables `choose_tiers` prices for host memory, at most (0.3 ms each)."""
 
 CANDIDATE_COVER = 4.0
 """`choose_tiers` costs the largest tables until they hold this many times the bytes HBM
@@ -97,13 +97,17 @@ def needs_host(cm: CostModel) -> bool:
 
 def _options(cm: CostModel, name: str) -> list[tuple[float, float, float]]:
     """(share, bytes freed, host-link seconds per step) of each share of SHARES for table
-    `name`, unsplit: its cache of share x rows."""
+    `name`, unsplit: its cache of share x rows, priced by an ideal cache's misses
+    (`cache_model.ideal_misses`, one pass over the rows: the price is a ranking of the
+    tables, which the search then costs by the LRU's expectation)."""
     tf = cm.facts[name]
-    tc = table_cache(cm, tf, 1)
     whole = table_bytes(cm, name)
     per_row = whole / tf.rows
     cache = np.array([float(cache_rows_of(np.array([tf.rows]), s)[0]) for s in SHARES])
-    misses = tc.misses(np.zeros(len(SHARES), dtype=np.int64), cache)
+    misses = np.zeros(len(SHARES))
+    for access, h in tf.groups:
+        mass = shard_mass(tf.rows, access, 1, cm.partition, 0)
+        misses += ideal_misses(mass, cm.B * h, cache)
     misses[0] = 0.0  # in HBM
     return [
         (s, whole - c * per_row if s < 1.0 else 0.0, m * per_row / cm.bw_host)
@@ -135,7 +139,7 @@ def _hull(opts: list[tuple[float, float, float]]) -> list[tuple[float, float, fl
 def choose_tiers(cm: CostModel, fill: float) -> dict[str, float]:
     """Tables to host memory, each with the share of its rows cached, so that the tables
     and their buffers need at most `fill` of the cluster's HBM (module docstring, step
-    1); {} when no table may leave HBM. `cm` costs every table in HBM."""
+    1); {} when no choice of tables does it. `cm` costs every table in HBM."""
     from embarkc.planner.bound import least_memory
     from embarkc.planner.clusters import units_of
 
@@ -144,13 +148,13 @@ def choose_tiers(cm: CostModel, fill: float) -> dict[str, float]:
     if short <= 0:
         return {}
     movable = [n for u in units_of(cm) if set(u.kinds) & {"rb", "ub"} for n in u.tables]
-    # the biggest first, as many as hold several times the shortfall: a table of a
-    # thousandth of it changes nothing, and the costing stays bounded on huge programs
+    # the biggest first, as many as hold several times the shortfall: the pricing stays
+    # bounded on huge programs
     movable.sort(key=lambda n: (-table_bytes(cm, n), cm.facts[n].index))
     candidates: list[str] = []
     held = 0.0
     for n in movable:
-        if len(candidates) >= MAX_CANDIDATES or table_bytes(cm, n) < short * 1e-4:
+        if len(candidates) >= MAX_CANDIDATES:
             break
         if held >= CANDIDATE_COVER * short and len(candidates) >= 8:
             break
@@ -158,12 +162,11 @@ def choose_tiers(cm: CostModel, fill: float) -> dict[str, float]:
         held += table_bytes(cm, n)
     heap: list[tuple[float, int, str, int]] = []
     hulls: dict[str, list[tuple[float, float, float]]] = {}
-    by_signature: dict[int, list[tuple[float, float, float]]] = {}
     for n in candidates:
-        sig = cm.facts[n].signature_id
-        if sig not in by_signature:
-            by_signature[sig] = _hull(_options(cm, n))
-        hulls[n] = h = by_signature[sig]
+        key = ("tier hull", cm.facts[n].signature_id)
+        if key not in cm.cache_tables:
+            cm.cache_tables[key] = _hull(_options(cm, n))
+        hulls[n] = h = cm.cache_tables[key]
         if len(h) > 1:
             heapq.heappush(heap, (_price(h, 0), cm.facts[n].index, n, 0))
     chosen: dict[str, float] = {}
@@ -182,6 +185,8 @@ def choose_tiers(cm: CostModel, fill: float) -> dict[str, float]:
         chosen[n] = h[i + 1][0]
         if i + 2 < len(h):
             heapq.heappush(heap, (_price(h, i + 1), cm.facts[n].index, n, i + 1))
+    if freed < short:
+        return {}  # even the largest tables uncached leave the rest too big for HBM
     return chosen
 
 
@@ -333,7 +338,7 @@ def refusal(cm: CostModel, refused: Exception | None) -> Exception:
     total = float(prog.embedding_bytes)
     hbm = cm.capacity * cm.W
     host = float(topo.host_memory or 0) * topo.nodes
-    if total > hbm + host or refused is None:
+    if total > hbm + host:
         from embarkc.diagnostics import EmbarkError
 
         return EmbarkError.at(
@@ -345,7 +350,21 @@ def refusal(cm: CostModel, refused: Exception | None) -> Exception:
             f"{format_bytes(float(topo.host_memory or 0))}) hold together",
             hint="add nodes or host_memory, or make the tables smaller",
         )
-    return refused
+    if refused is not None:
+        return refused
+    from embarkc.diagnostics import EmbarkError
+    from embarkc.planner.bound import least_memory
+
+    return EmbarkError.at(
+        prog.sources[0].path,
+        f"the tables need {format_bytes(total)} (weights and optimizer state) and "
+        f"{format_bytes(least_memory(cm) * cm.W - total)} of communication buffers at "
+        f"least; with the tables that may leave HBM in host memory ({format_bytes(host)}, "
+        f"{HOST_FILL:.0%} of it for tables), what stays does not fit in the cluster's HBM "
+        f"({format_bytes(hbm)}: {cm.W} GPUs x {format_bytes(cm.capacity)})",
+        hint="add nodes, hbm or host_memory, or let more tables shard (a table pinned to "
+        "dp stays in HBM)",
+    )
 
 
 def summary_lines(host_tier: dict[str, Any], host_memory: int | None) -> list[str]:
