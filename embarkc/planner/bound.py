@@ -206,7 +206,7 @@ def _lower_bound(cm: CostModel, units: _UnitOptions, meter: WorkMeter | None) ->
     return best
 
 
-def least_memory(cm: CostModel) -> float:
+def least_memory(cm: CostModel, meter: WorkMeter | None = None) -> float:
     """Bytes a GPU holds at least on average in any plan of `cm.program`: every table's
     weights, optimizer state and buffers (its cells' and those every rank keeps for it)
     in its allowed option that holds the least, summed over all ranks and spread evenly,
@@ -217,7 +217,7 @@ def least_memory(cm: CostModel) -> float:
     (`unit_options`), costed aside and counted nowhere; memoised on `cm`."""
     if cm.least_held is None:
         total = 0.0
-        for _, per_table in unit_options(cm):
+        for _, per_table in unit_options(cm, meter):
             for opts in per_table:
                 total += min(held for _, _, _, held in opts)
         cm.least_held = total / cm.W

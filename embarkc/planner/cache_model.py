@@ -57,6 +57,13 @@ def _miss_prob(p: np.ndarray) -> np.ndarray:
     return np.log1p(-np.minimum(p, 1.0 - 1e-16))
 
 
+WHOLE_HEAD = 256
+"""Zipf ranks summed one by one for an unsplit table (a split one places the cost model's
+HEAD_RANKS in their shards): beyond rank 256 the tail's trapezoid integral of the read
+and miss probabilities is exact to well under 0.1 %, and the cache model costs one
+table in a fraction of a millisecond."""
+
+
 def _read(log_miss: np.ndarray, n: float) -> np.ndarray:
     """Probability a row is read among n draws: 1 - (1 - p)^n, of log(1 - p)."""
     return -np.expm1(n * log_miss)
@@ -168,7 +175,7 @@ def shard_mass(rows: int, access: tuple[Any, ...], r: int, partition: str, index
     """`ShardMass` of a table of `rows` rows in `r` row shards under `access` (a cost
     model access key: ("uniform",), ("zipf", alpha, permuted), ("histogram", keys,
     counts)); `index` is the table's index (its permutation of zipf ranks)."""
-    from embarkc.planner.cost import HEAD_RANKS, HEAD_RANKS_WHOLE, shard_rows
+    from embarkc.planner.cost import HEAD_RANKS, shard_rows
 
     rs = shard_rows(rows, r, partition).astype(np.float64)
     kind = access[0]
@@ -180,7 +187,7 @@ def shard_mass(rows: int, access: tuple[Any, ...], r: int, partition: str, index
         sh = keymod.row_shard_of(keys, rows, r, partition) if r > 1 else np.zeros_like(keys)
         return ShardMass(r, counts / counts.sum(), sh.astype(np.intp), np.ones(len(keys)))
     alpha, permuted = float(access[1]), bool(access[2])
-    k = min(rows, HEAD_RANKS if r > 1 else HEAD_RANKS_WHOLE)
+    k = min(rows, HEAD_RANKS if r > 1 else WHOLE_HEAD)
     ranks = np.arange(k, dtype=np.int64)
     w = (ranks + 1.0) ** (-alpha)
     lo, hi = k + 0.5, rows + 0.5

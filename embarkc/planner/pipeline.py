@@ -284,14 +284,15 @@ def search_plan(
     from embarkc.planner.bound import lower_bound
 
     cm = CostModel(program)
-    if tiers.needs_host(cm):
-        return tiered_plan(program, cm, req, progress, record_baselines)
+    aside = WorkMeter(cm.W)  # the bound's options of every table in HBM, costed once
+    if tiers.needs_host(cm, aside):
+        return tiered_plan(program, cm, req, progress, record_baselines, aside)
     try:
         layout, record, budget = search_layout(cm, req, progress, record_baselines)
     except NoFit:
         if not tiers.host_tier_available(program):
             raise
-        return tiered_plan(program, cm, req, progress, record_baselines)
+        return tiered_plan(program, cm, req, progress, record_baselines, aside)
     record.lower_bound = lower_bound(cm, budget.meter).step_time
     plan = build_plan(program, layout, record.as_planner(), cm.evaluate_layout(layout))
     return checker_stage(program, plan)
@@ -303,11 +304,13 @@ def tiered_plan(
     req: PlanRequest,
     progress: Progress | None,
     record_baselines: bool,
+    aside: WorkMeter,
 ) -> Plan:
     """The plan of tables that do not fit in HBM (`embarkc.planner.tiers`): tiers chosen
     for a share of HBM (`tiers.FILLS`, lower while the search finds no placement), the
     search with those tiers, the caches grown into the HBM it left free. `cm` costs
-    every table in HBM; the bound is its own (host memory only adds time)."""
+    every table in HBM; the bound is its own (host memory only adds time), its options
+    costed on `aside`."""
     from embarkc.planner.bound import lower_bound
 
     refused: NoFit | None = None
@@ -340,7 +343,7 @@ def tiered_plan(
             )
         # the bound of every table in HBM, costed aside: the search's meter holds the
         # tiered model's options (its bound start), not `cm`'s
-        record.lower_bound = lower_bound(cm, WorkMeter(cm.W)).step_time
+        record.lower_bound = lower_bound(cm, aside).step_time
         estimate = cm.evaluate_layout(layout)
         record.message += tiers.tier_message(estimate, searched, fill)
         plan = build_plan(program, layout, record.as_planner(), estimate)

@@ -38,6 +38,7 @@ import numpy as np
 
 from embark_runtime.formatting import format_bytes
 from embarkc.ir import Program
+from embarkc.planner.budget import WorkMeter
 from embarkc.planner.cache_model import ideal_misses, shard_mass, table_cache
 from embarkc.planner.cost import CostModel, cache_rows_of, shard_rows
 from embarkc.planner.types import Layout, Placement
@@ -87,12 +88,13 @@ def table_bytes(cm: CostModel, name: str) -> float:
     return float(w + s)
 
 
-def needs_host(cm: CostModel) -> bool:
+def needs_host(cm: CostModel, meter: WorkMeter | None = None) -> bool:
     """Whether no plan of the program fits in the cluster's HBM: its tables with the
-    buffers of their least-holding options need more than every GPU holds."""
+    buffers of their least-holding options need more than every GPU holds (the bound's
+    options costed on `meter`, which the plan's bound then shares)."""
     from embarkc.planner.bound import least_memory
 
-    return host_tier_available(cm.program) and least_memory(cm) > cm.capacity
+    return host_tier_available(cm.program) and least_memory(cm, meter) > cm.capacity
 
 
 def _options(cm: CostModel, name: str) -> list[tuple[float, float, float]]:
