@@ -330,6 +330,8 @@ def tiered_plan(
             refused = e
             spent += budget.meter.seconds() + budget.meter.placing_seconds()
             continue
+        except EmbarkError as e:
+            raise tiers.with_tiers_said(e, chosen, fill) from None
         layout = tiers.materialize(tcm, layout)
         searched = cm.step_time(layout)
         layout = tiers.grow_caches(cm, layout)

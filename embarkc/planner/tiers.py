@@ -32,11 +32,13 @@ again. docs/host_tier.md.
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from embark_runtime.formatting import format_bytes
+from embarkc.diagnostics import EmbarkError
 from embarkc.ir import Program
 from embarkc.planner.budget import WorkMeter
 from embarkc.planner.cache_model import ideal_misses, shard_mass, table_cache
@@ -332,6 +334,17 @@ def tier_message(estimate: dict[str, Any], searched: float, fill: float) -> str:
     )
 
 
+def with_tiers_said(e: EmbarkError, chosen: dict[str, float], fill: float) -> EmbarkError:
+    """`e` (the tiered search's refusal: its time limit ended it) saying that the tables
+    were planned with `chosen` in host memory, whose shares of HBM its figures are."""
+    first, *rest = e.diagnostics
+    message = (
+        f"the tables do not fit in HBM; with {len(chosen)} of them in host memory (chosen "
+        f"to leave {fill:.0%} of HBM to the tables and their buffers): {first.message}"
+    )
+    return EmbarkError([replace(first, message=message), *rest], e.sources)
+
+
 def refusal(cm: CostModel, refused: Exception | None) -> Exception:
     """The error of tables that fit neither in HBM nor with some in host memory: naming
     both capacities when the bytes exceed them together, else the search's last word."""
@@ -341,8 +354,6 @@ def refusal(cm: CostModel, refused: Exception | None) -> Exception:
     hbm = cm.capacity * cm.W
     host = float(topo.host_memory or 0) * topo.nodes
     if total > hbm + host:
-        from embarkc.diagnostics import EmbarkError
-
         return EmbarkError.at(
             prog.sources[0].path,
             f"the tables need {format_bytes(total)} (weights and optimizer state), more than "
@@ -354,7 +365,6 @@ def refusal(cm: CostModel, refused: Exception | None) -> Exception:
         )
     if refused is not None:
         return refused
-    from embarkc.diagnostics import EmbarkError
     from embarkc.planner.bound import least_memory
 
     return EmbarkError.at(
