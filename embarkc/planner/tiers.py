@@ -41,7 +41,7 @@ from embark_runtime.formatting import format_bytes
 from embarkc.diagnostics import EmbarkError
 from embarkc.ir import Program
 from embarkc.planner.budget import WorkMeter
-from embarkc.planner.cache_model import ideal_misses, shard_mass, table_cache
+from embarkc.planner.cache_model import cell_misses, ideal_misses, shard_mass
 from embarkc.planner.cost import CostModel, cache_rows_of, shard_rows
 from embarkc.planner.types import Layout, Placement
 
@@ -248,7 +248,6 @@ def grow_caches(cm: CostModel, layout: Layout) -> Layout:
         tf = cm.facts[name]
         caches[name] = list(p.cache)
         rows = shard_rows(tf.rows, p.row_shards, cm.partition)
-        tc = table_cache(cm, tf, p.row_shards)
         for i, (j, lo, hi, rank) in enumerate(p.cell_list()):
             c = p.cache[i]
             if c < 0:
@@ -258,7 +257,8 @@ def grow_caches(cm: CostModel, layout: Layout) -> Layout:
             ladder = np.array([c] + [s for s in sizes if s > c], dtype=np.float64)
             if len(ladder) < 2:
                 continue
-            misses = tc.misses(np.full(len(ladder), j, dtype=np.int64), ladder)
+            shard = np.full(len(ladder), j, dtype=np.int64)
+            misses = cell_misses(cm, tf, p.row_shards, shard, ladder)[1]
             per_row = float(np.add(*tf.cell_bytes(1.0, hi - lo)))
             cells.append((name, i, rank, per_row, per_row / cm.bw_host, ladder, misses))
     heap: list[tuple[float, int, int]] = []
