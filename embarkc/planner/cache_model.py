@@ -21,9 +21,9 @@ and hits = lookups - misses. `C = 0` misses every lookup; a cache of every row m
 none. From a cold cache, step `t` (from 1) has seen `min(T_C, t - 1)` steps of history,
 which `misses(..., history=)` takes (what `embarkc simulate` compares its counts with).
 
-The sums are exact over a zipf distribution's head (its first `HEAD_RANKS` ranks, each
-in the row shard its key falls into, as `embarkc.planner.cost.access_stats` places them)
-and integrated over its tail; a histogram's keys are summed one by one; uniform rows
+The sums are exact over a zipf distribution's head (`WHOLE_HEAD` ranks of an unsplit
+table; of a split one its first `HEAD_RANKS` ranks, each in the row shard its key falls
+into, as `embarkc.planner.cost.access_stats` places them) and integrated over its tail; a histogram's keys are summed one by one; uniform rows
 share one probability. A table read by features of different access distributions is
 one cache fed by independent streams whose distinct rows add (as the cost model's
 distinct counts do): `D` is their sum, `T_C` common, the misses add.
@@ -175,7 +175,7 @@ def shard_mass(rows: int, access: tuple[Any, ...], r: int, partition: str, index
     """`ShardMass` of a table of `rows` rows in `r` row shards under `access` (a cost
     model access key: ("uniform",), ("zipf", alpha, permuted), ("histogram", keys,
     counts)); `index` is the table's index (its permutation of zipf ranks)."""
-    from embarkc.planner.cost import HEAD_RANKS, shard_rows
+    from embarkc.planner.cost import HEAD_RANKS, shard_rows, zipf_tail_mass, zipf_weights
 
     rs = shard_rows(rows, r, partition).astype(np.float64)
     kind = access[0]
@@ -189,15 +189,9 @@ def shard_mass(rows: int, access: tuple[Any, ...], r: int, partition: str, index
     alpha, permuted = float(access[1]), bool(access[2])
     k = min(rows, HEAD_RANKS if r > 1 else WHOLE_HEAD)
     ranks = np.arange(k, dtype=np.int64)
-    w = (ranks + 1.0) ** (-alpha)
+    w = zipf_weights(alpha, k)
     lo, hi = k + 0.5, rows + 0.5
-    tail_w = 0.0
-    if rows > k:
-        tail_w = (
-            float(np.log(hi) - np.log(lo))
-            if abs(alpha - 1.0) < 1e-12
-            else (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
-        )
+    tail_w = float(zipf_tail_mass(np.array(lo), np.array(hi), alpha)) if rows > k else 0.0
     z = float(w.sum()) + tail_w
     if r == 1:
         sh = np.zeros(k, dtype=np.intp)

@@ -78,7 +78,7 @@ def _distinct(p: np.ndarray, n: float) -> np.ndarray:
     return -np.expm1(n * np.log1p(-np.minimum(p, 1.0 - 1e-16)))
 
 
-def _zipf_tail_mass(lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
+def zipf_tail_mass(lo: np.ndarray, hi: np.ndarray, alpha: float) -> np.ndarray:
     """Integral of t^-alpha over [lo, hi] (midpoint rule for ranks lo-0.5 .. hi-0.5)."""
     if abs(alpha - 1.0) < 1e-12:
         return np.log(hi) - np.log(lo)
@@ -188,7 +188,7 @@ def access_stats(
             lo = np.maximum(j * block, k) + 0.5
             hi = np.minimum((j + 1) * block, rows) + 0.5
             hi = np.maximum(hi, lo)
-            q = q + _zipf_tail_mass(lo, hi, alpha) / z
+            q = q + zipf_tail_mass(lo, hi, alpha) / z
             d = d + _zipf_tail_distinct(lo, hi, alpha, z, ns)
     return q, np.minimum(d, rs[None, :])
 
@@ -206,7 +206,7 @@ def _head_keys(rows: int, table_index: int, k: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=64)
-def _zipf_weights(alpha: float, k: int) -> np.ndarray:
+def zipf_weights(alpha: float, k: int) -> np.ndarray:
     """(rank + 1)^-alpha for the first k ranks: shared by every table of the same skew and
     head size (the power is most of a head's cost)."""
     w = (np.arange(k, dtype=np.float64) + 1.0) ** (-alpha)
@@ -220,11 +220,9 @@ def _zipf_head(
 ) -> tuple[np.ndarray, np.ndarray, float, float, np.ndarray]:
     """Head probabilities p (the first k ranks), their distinct-id terms for every n,
     the normaliser z, the tail's unnormalised mass and its integrated distinct ids."""
-    w = _zipf_weights(alpha, k)
+    w = zipf_weights(alpha, k)
     tail_lo, tail_hi = k + 0.5, rows + 0.5
-    tail_w = (
-        float(_zipf_tail_mass(np.array(tail_lo), np.array(tail_hi), alpha)) if rows > k else 0.0
-    )
+    tail_w = float(zipf_tail_mass(np.array(tail_lo), np.array(tail_hi), alpha)) if rows > k else 0.0
     z = float(w.sum()) + tail_w
     p = w / z
     # `_distinct` for every n, its logarithm taken once
@@ -441,9 +439,8 @@ class CellValues:
 
     def scalars(self, ci: int) -> tuple[float, ...]:
         """Cell `ci`'s (hbm_own, weights, state, buf_own, res, res_node or 0, dist, host or 0)
-        as Python
-        floats: `RankState.move_cell` reads them once per move tried, and indexing the
-        arrays each time was most of its cost."""
+        as Python floats: `RankState.move_cell` reads them once per move tried, and
+        indexing the arrays each time was most of its cost."""
         if self._scalars is None:
             zero = np.zeros(len(self.j))
             node = self.res_node if self.res_node is not None else zero
@@ -1265,7 +1262,7 @@ class RankState:
         if self.host_tables:
             for r, row in enumerate(per_rank):
                 row["host_memory_bytes"] = int(round(float(self.host_mem[r])))
-            out["host_tier"] = host_tier_summary(cm, layout)
+            out["host_tier"] = host_tier_summary(cm, layout, self.host_mem)
         return out
 
 
@@ -1367,12 +1364,13 @@ def per_table(cm: CostModel, layout: Layout) -> list[dict[str, Any]]:
     return out
 
 
-def host_tier_summary(cm: CostModel, layout: Layout) -> dict[str, Any]:
+def host_tier_summary(cm: CostModel, layout: Layout, host_mem: np.ndarray) -> dict[str, Any]:
     """The estimate's `host_tier`: per table with host-tier cells, its rows, its cells in
     host memory, their rows and cached rows summed over the cells (a row of two column
     cells counts twice), the bytes in HBM and in host memory, the
     expected distinct rows read and missed per step, the hit rate and the host link's
-    bytes per step; and the totals (docs/host_tier.md)."""
+    bytes per step; and the totals, per node from `host_mem` (the layout's
+    `RankState.host_mem`) (docs/host_tier.md)."""
     tables = []
     for name in sorted(layout, key=lambda n: cm.facts[n].index):
         p = layout[name]
@@ -1403,8 +1401,7 @@ def host_tier_summary(cm: CostModel, layout: Layout) -> dict[str, Any]:
             }
         )
     node = np.zeros(cm.nodes)
-    st = cm.layout_state(layout)
-    np.add.at(node, cm.node_of, st.host_mem)
+    np.add.at(node, cm.node_of, host_mem)
     return {
         "cells": sum(t["cells"] for t in tables),
         "host_bytes": sum(t["host_bytes"] for t in tables),

@@ -293,7 +293,10 @@ def search_plan(
         if not tiers.host_tier_available(program):
             raise
         return tiered_plan(program, cm, req, progress, record_baselines, aside)
-    record.lower_bound = lower_bound(cm, budget.meter).step_time
+    # the bound's options: the search's own where its bound start costed them, else those
+    # the tier check costed (the same figures; costed once either way)
+    bound_meter = budget.meter if budget.meter.bound_options is not None else aside
+    record.lower_bound = lower_bound(cm, bound_meter).step_time
     plan = build_plan(program, layout, record.as_planner(), cm.evaluate_layout(layout))
     return checker_stage(program, plan)
 
@@ -335,7 +338,8 @@ def tiered_plan(
         layout = tiers.materialize(tcm, layout)
         searched = cm.step_time(layout)
         layout = tiers.grow_caches(cm, layout)
-        problem = tiers.host_memory_problem(cm, layout)
+        estimate = cm.evaluate_layout(layout)
+        problem = tiers.host_memory_problem(cm, estimate)
         if problem is not None:
             raise EmbarkError.at(
                 program.sources[0].path,
@@ -346,7 +350,6 @@ def tiered_plan(
         # the bound of every table in HBM, costed aside: the search's meter holds the
         # tiered model's options (its bound start), not `cm`'s
         record.lower_bound = lower_bound(cm, aside).step_time
-        estimate = cm.evaluate_layout(layout)
         record.message += tiers.tier_message(estimate, searched, fill)
         plan = build_plan(program, layout, record.as_planner(), estimate)
         return checker_stage(program, plan)

@@ -5,7 +5,7 @@
     choose_tiers(cm, fill)             tables to host memory with a cached share, cheapest first
     materialize(cm, layout)            every host cell's cache rows, explicit on its placement
     grow_caches(cm, layout)            each rank's free HBM to its host cells' caches
-    host_memory_problem(cm, layout)    a node whose host-tier cells exceed its host memory
+    host_memory_problem(cm, estimate)  a node whose host-tier cells exceed its host memory
 
 A spec whose tables fit in HBM never comes here: its plans are what they were before the
 host tier. One that does not fit is planned in three steps (`pipeline.search_plan`):
@@ -297,12 +297,11 @@ def _push(heap: list[tuple[float, int, int]], k: int, at: int, cell: tuple[Any, 
     heapq.heappush(heap, (-gain / max(cost, 1e-300), k, at))
 
 
-def host_memory_problem(cm: CostModel, layout: Layout) -> str | None:
-    """What is wrong when a node's host-tier cells exceed the hardware's host memory."""
+def host_memory_problem(cm: CostModel, estimate: dict[str, Any]) -> str | None:
+    """What is wrong when a node's host-tier cells (the estimate's `host_tier`) exceed
+    the hardware's host memory."""
     cap = cm.program.topology.host_memory
-    st = cm.layout_state(layout)
-    node = np.zeros(cm.nodes)
-    np.add.at(node, cm.node_of, st.host_mem)
+    node = estimate["host_tier"]["node_host_bytes"]
     worst = int(np.argmax(node))
     if cap is None or node[worst] <= cap:
         return None
