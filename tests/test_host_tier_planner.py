@@ -219,3 +219,15 @@ def test_without_host_memory_a_spec_beyond_hbm_is_refused_as_before() -> None:
     with pytest.raises(EmbarkError) as e:
         load_program_text(TINY.replace("  hbm 4 MiB\n", "  hbm 1 MiB\n"), "tiny.embark")
     assert "host memory" not in e.value.diagnostics[0].message
+
+
+def test_a_node_whose_host_cells_exceed_its_host_memory_is_named() -> None:
+    from embarkc.planner.tiers import host_memory_problem
+
+    cm = CostModel(load_program_text(tiny_beyond_hbm(host="3 MiB"), "tiny.embark"))
+    within = {"host_tier": {"node_host_bytes": [3 << 20, 1 << 20]}}
+    over = {"host_tier": {"node_host_bytes": [1 << 20, (3 << 20) + 1]}}
+    assert host_memory_problem(cm, within) is None
+    message = host_memory_problem(cm, over)
+    assert message is not None and message.startswith("node 1 would keep 3.0 MiB")
+    assert "host_memory of 3.0 MiB" in message
